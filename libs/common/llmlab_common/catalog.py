@@ -1,0 +1,208 @@
+"""The one catalog (``configs/catalog.yaml``): deployments, dated prices, SLO classes, plans.
+
+Budget, router, accounting, gateway and the simulator read it from here and keep no copies.
+It is validated at load; an error names the file and line of the offending value.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Engine = Literal["vllm", "sglang"]
+Pipeline = Literal["throughput", "latency", "long_context", "experimental"]
+
+
+class CatalogError(ValueError):
+    pass
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Priors(_Strict):
+    """Latency priors used until live figures replace them (router issue)."""
+
+    ttft_p95_s: float = Field(gt=0)
+    itl_p95_s: float = Field(gt=0)
+
+
+class Deployment(_Strict):
+    id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    model: str = Field(min_length=1)  # the public model id clients send
+    served_name: str | None = None  # what the engine serves it as, if different
+    engine: Engine
+    pool: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    pipeline: Pipeline
+    max_context: int = Field(gt=0)
+    quality: float = Field(ge=0, le=1)
+    gpu: str
+    gpu_count: int = Field(default=1, ge=1)
+    priors: Priors
+    aliases: list[str] = Field(default_factory=list)
+    supports_tools: bool = True
+
+    @property
+    def engine_model(self) -> str:
+        return self.served_name or self.model
+
+
+class ModelPrice(_Strict):
+    model: str
+    input_per_mtok_usd: float = Field(ge=0)
+    output_per_mtok_usd: float = Field(ge=0)
+    cached_input_per_mtok_usd: float | None = Field(default=None, ge=0)
+    source: str = Field(min_length=1)
+    as_of: dt.date
+
+
+class GpuPrice(_Strict):
+    gpu: str
+    usd_per_hour: float = Field(ge=0)
+    source: str = Field(min_length=1)
+    as_of: dt.date
+
+
+class Prices(_Strict):
+    models: list[ModelPrice]
+    gpus: list[GpuPrice]
+
+
+class SloClass(_Strict):
+    ttft_p95_s: float | None = Field(default=None, gt=0)
+    tpot_s: float | None = Field(default=None, gt=0)
+    e2e_s: float | None = Field(default=None, gt=0)
+    queue_timeout_s: float = Field(default=10.0, gt=0)  # gateway's bound on NATS queue wait
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> SloClass:
+        if self.ttft_p95_s is None and self.tpot_s is None and self.e2e_s is None:
+            raise ValueError("an SLO class needs at least one of ttft_p95_s, tpot_s, e2e_s")
+        return self
+
+
+class Plan(_Strict):
+    default_max_tokens: int = Field(gt=0)
+    quality_floor: float = Field(ge=0, le=1)
+    cost_cap_usd: float = Field(gt=0)
+    priority: int = 0
+    slo_class: str
+
+
+class Catalog(_Strict):
+    version: Literal[1]
+    deployments: list[Deployment] = Field(min_length=1)
+    prices: Prices
+    slo_classes: dict[str, SloClass]
+    plans: dict[str, Plan]
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Catalog:
+        ids = [d.id for d in self.deployments]
+        dup = {i for i in ids if ids.count(i) > 1}
+        if dup:
+            raise ValueError(f"duplicate deployment ids: {sorted(dup)}")
+        gpus = {g.gpu for g in self.prices.gpus}
+        for d in self.deployments:
+            if d.gpu not in gpus:
+                raise ValueError(f"deployment {d.id!r} uses gpu {d.gpu!r} which has no entry in prices.gpus")
+        priced = {p.model for p in self.prices.models}
+        for d in self.deployments:
+            if d.model not in priced:
+                raise ValueError(f"deployment {d.id!r} serves model {d.model!r} which has no entry in prices.models")
+        for name, plan in self.plans.items():
+            if plan.slo_class not in self.slo_classes:
+                raise ValueError(f"plan {name!r} names unknown slo_class {plan.slo_class!r}")
+        names: dict[str, str] = {}
+        for d in self.deployments:
+            for alias in d.aliases:
+                if alias in names and names[alias] != d.model:
+                    raise ValueError(f"alias {alias!r} points at both {names[alias]!r} and {d.model!r}")
+                names[alias] = d.model
+        return self
+
+    # -- lookups -----------------------------------------------------------------------------
+    @cached_property
+    def _by_name(self) -> dict[str, list[Deployment]]:
+        out: dict[str, list[Deployment]] = {}
+        for d in self.deployments:
+            for name in {d.id, d.model, *d.aliases}:
+                out.setdefault(name, []).append(d)
+        return out
+
+    def resolve(self, name: str) -> list[Deployment]:
+        """Deployments that can serve a public model id, deployment id or alias (catalog order)."""
+        return list(self._by_name.get(name, []))
+
+    def public_models(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for d in self.deployments:
+            seen.setdefault(d.model, None)
+        return list(seen)
+
+    def model_price(self, model: str) -> ModelPrice | None:
+        return next((p for p in self.prices.models if p.model == model), None)
+
+    def gpu_price(self, gpu: str) -> GpuPrice | None:
+        return next((g for g in self.prices.gpus if g.gpu == gpu), None)
+
+
+# -- loading with line numbers ---------------------------------------------------------------
+
+
+def _construct(node: yaml.Node, path: tuple[Any, ...], lines: dict[tuple[Any, ...], int], loader: yaml.SafeLoader) -> Any:
+    """Build plain Python data from a YAML node tree, recording each value's line by its path."""
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            out[key] = _construct(value_node, (*path, key), lines, loader)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_construct(child, (*path, i), lines, loader) for i, child in enumerate(node.value)]
+    return loader.construct_object(node, deep=True)
+
+
+def parse_with_lines(text: str) -> tuple[Any, dict[tuple[Any, ...], int]]:
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    lines: dict[tuple[Any, ...], int] = {}
+    if node is None:
+        return None, lines
+    return _construct(node, (), lines, yaml.SafeLoader("")), lines
+
+
+def _line_for(loc: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> int | None:
+    # pydantic's loc may go deeper than the YAML (a missing field): use the nearest parent.
+    for n in range(len(loc), -1, -1):
+        if loc[:n] in lines:
+            return lines[loc[:n]]
+    return None
+
+
+def load_catalog(path: str | Path) -> Catalog:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise CatalogError(f"{path}: cannot read catalog: {exc}") from exc
+    try:
+        data, lines = parse_with_lines(text)
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"{path}: invalid YAML: {exc}") from exc
+    try:
+        return Catalog.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            line = _line_for(loc, lines)
+            where = ".".join(str(p) for p in loc) or "<root>"
+            problems.append(f"{path}:{line or '?'}: {where}: {err['msg']}")
+        raise CatalogError("invalid catalog:\n  " + "\n  ".join(problems)) from exc

@@ -1,0 +1,245 @@
+"""Every message that crosses NATS, as a pydantic model (one place for contracts).
+
+Each carries ``schema_version``; per-request messages carry ``request_id`` and ``attempt``.
+Times are Unix epoch seconds (``time.time()``) when they cross process boundaries, and
+durations are seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from llmlab_common import SCHEMA_VERSION
+
+Endpoint = Literal["chat", "completions"]
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "cancelled", "error"]
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+    schema_version: int = SCHEMA_VERSION
+
+
+class _RequestMsg(_Msg):
+    request_id: str
+
+
+class Principal(BaseModel):
+    """Who is calling; ids only, never raw keys."""
+
+    model_config = ConfigDict(extra="forbid")
+    tenant_id: str = "dev"
+    team_id: str = "dev"
+    user_id: str = "dev"
+    key_id: str = "dev"
+    plan: str = "free"
+
+
+class SamplingParams(BaseModel):
+    """What the engine needs besides the prompt; passed through to engines that support it."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+
+class InferenceRequest(_RequestMsg):
+    """Gateway → worker, on a pool or per-worker subject of the requests stream."""
+
+    attempt: int = Field(ge=1)
+    gateway_id: str
+    reply_subject: str
+    endpoint: Endpoint
+    model: str  # the name the engine serves (``--served-model-name``)
+    deployment: str
+    pool: str
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    params: SamplingParams
+    principal: Principal = Field(default_factory=Principal)
+    priority: int = 0
+    created_at: float  # when the gateway accepted the HTTP request
+    dispatched_at: float  # when this attempt was published
+    start_deadline: float  # a worker that takes it later discards it (nobody waits any more)
+    deadline: float  # generation stops at this time even if running
+
+
+# -- token stream back to the gateway (core NATS, per request) -------------------------------
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cached_tokens: int | None = None
+
+
+class Timings(BaseModel):
+    """Queue phases kept apart. ``None`` where the engine does not report the figure."""
+
+    model_config = ConfigDict(extra="forbid")
+    nats_queue_s: float  # dispatch → worker took it
+    engine_queue_s: float | None = None  # inside the engine before scheduling (not exposed per request by vLLM)
+    ttft_s: float | None = None  # engine call → first token (engine queue + prefill)
+    prefill_s: float | None = None  # ttft - engine queue, when the latter is known
+    decode_s: float | None = None  # first token → last token
+    e2e_s: float  # worker took it → terminal message
+    itl_p50_s: float | None = None
+    itl_p95_s: float | None = None
+    itl_p99_s: float | None = None
+    tpot_s: float | None = None  # (e2e_engine - ttft) / (completion_tokens - 1)
+
+
+class ErrorInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    status: int
+    type: str
+    code: str | None = None
+    message: str
+
+
+class StreamStarted(_RequestMsg):
+    kind: Literal["started"] = "started"
+    attempt: int
+    seq: int
+    worker_id: str
+    engine: str
+    nats_queue_s: float
+
+
+class TokenChunk(_RequestMsg):
+    """One or more engine chunks coalesced; ``token_times`` keeps each chunk's arrival offset
+    (seconds since the engine call started) so ITL survives coalescing."""
+
+    kind: Literal["tokens"] = "tokens"
+    attempt: int
+    seq: int
+    text: str = ""
+    tool_calls: list[dict[str, Any]] | None = None
+    token_times: list[float] = Field(default_factory=list)
+
+
+class StreamEnd(_RequestMsg):
+    kind: Literal["end"] = "end"
+    attempt: int
+    seq: int
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+
+
+class StreamError(_RequestMsg):
+    kind: Literal["error"] = "error"
+    attempt: int
+    seq: int
+    error: ErrorInfo
+    before_first_token: bool
+    retryable: bool
+
+
+StreamMessage = Annotated[StreamStarted | TokenChunk | StreamEnd | StreamError, Field(discriminator="kind")]
+STREAM_MESSAGE: TypeAdapter[StreamStarted | TokenChunk | StreamEnd | StreamError] = TypeAdapter(StreamMessage)
+
+
+# -- control ----------------------------------------------------------------------------------
+
+
+class CancelRequest(_RequestMsg):
+    attempt: int | None = None  # None: every attempt of the request
+    reason: str = "client_disconnected"
+
+
+class AliveProbe(_RequestMsg):
+    attempt: int
+
+
+class AliveReply(_RequestMsg):
+    attempt: int
+    wanted: bool
+
+
+# -- heartbeats -------------------------------------------------------------------------------
+
+
+class EngineLoad(BaseModel):
+    """Load read from the engine's Prometheus metrics (names differ per engine; values do not)."""
+
+    model_config = ConfigDict(extra="forbid")
+    running: float | None = None
+    waiting: float | None = None
+    kv_cache_usage: float | None = None  # 0..1
+    prefix_cache_hit_rate: float | None = None  # 0..1
+    mean_queue_time_s: float | None = None  # windowed, from the engine's queue-time histogram
+
+
+class Heartbeat(_Msg):
+    worker_id: str
+    pool: str
+    engine: str
+    models: list[str]
+    max_concurrency: int
+    in_flight: int
+    ready: bool
+    draining: bool = False
+    load: EngineLoad = Field(default_factory=EngineLoad)
+    interval_s: float
+    sent_at: float
+
+
+# -- events (JetStream, every consumer reads all) -----------------------------------------------
+
+AttemptOutcome = Literal[
+    "completed",  # terminal message with usage sent
+    "cancelled",  # client went away / gateway cancelled
+    "expired",  # taken after its start deadline: discarded, never generated
+    "stale",  # redelivery of an attempt the gateway no longer waits for: dropped
+    "engine_error",
+    "worker_lost",  # published by the gateway when the worker vanished mid-attempt
+    "abandoned",  # published by the gateway when it gave up waiting for the attempt
+]
+
+
+class AttemptEvent(_RequestMsg):
+    attempt: int
+    outcome: AttemptOutcome
+    source: Literal["worker", "gateway"]
+    worker_id: str | None = None
+    pool: str
+    deployment: str
+    model: str
+    engine: str | None = None
+    endpoint: Endpoint
+    principal: Principal
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    timings: Timings | None = None
+    error: ErrorInfo | None = None
+    created_at: float
+    ended_at: float
+
+
+class RequestEvent(_RequestMsg):
+    """A request that was refused or failed as a whole (4xx/429/503/5xx), with the reason."""
+
+    status: int
+    error: ErrorInfo
+    model: str | None = None
+    deployment: str | None = None
+    principal: Principal | None = None
+    attempts: int = 0
+    created_at: float
+    ended_at: float

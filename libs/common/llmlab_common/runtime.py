@@ -1,0 +1,89 @@
+"""Service runtime: /health, /ready, /metrics, JSON logs, and drain on SIGTERM.
+
+Every service is a FastAPI app made by ``create_app(settings)`` whose lifespan opens its
+resources; :func:`serve` runs it under uvicorn. On SIGTERM/SIGINT the service first reports
+not-ready (so no new traffic arrives), then uvicorn stops accepting, waits for open requests
+up to ``drain_timeout_s``, and the lifespan's shutdown drains background work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+
+import uvicorn
+from fastapi import APIRouter, FastAPI, Response
+
+from llmlab_common.logging import setup_logging
+from llmlab_common.metrics import Metrics
+from llmlab_common.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServiceState:
+    """Readiness as the sum of named checks; draining overrides everything."""
+
+    draining: bool = False
+    checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
+
+    def ready(self) -> tuple[bool, dict[str, bool]]:
+        results = {name: bool(check()) for name, check in self.checks.items()}
+        return (not self.draining and all(results.values())), results
+
+
+def ops_router(state: ServiceState, metrics: Metrics) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health", include_in_schema=False)
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get("/ready", include_in_schema=False)
+    async def ready() -> Response:
+        ok, results = state.ready()
+        import json
+
+        body = json.dumps({"ready": ok, "draining": state.draining, "checks": results})
+        return Response(body, status_code=200 if ok else 503, media_type="application/json")
+
+    @router.get("/metrics", include_in_schema=False)
+    async def metrics_endpoint() -> Response:
+        body, ctype = metrics.render()
+        return Response(body, media_type=ctype)
+
+    return router
+
+
+class _DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServiceState) -> None:
+        super().__init__(config)
+        self._state = state
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self._state.draining:
+            log.info("signal %s: draining (not ready, finishing in-flight work)", sig)
+        self._state.draining = True
+        super().handle_exit(sig, frame)
+
+
+def serve(app: FastAPI, settings: ServiceSettings, service: str) -> None:
+    """Run a service app until SIGTERM/SIGINT; the app must expose ``app.state.service_state``."""
+    setup_logging(service, settings.infra.log_level, settings.infra.log_json)
+    state: ServiceState = app.state.service_state
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.drain_timeout_s),
+        timeout_keep_alive=30,
+        backlog=4096,
+    )
+    server = _DrainingServer(config, state)
+    asyncio.run(server.serve())

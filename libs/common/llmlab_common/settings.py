@@ -1,0 +1,60 @@
+"""Settings base classes.
+
+Every service has one pydantic-settings class with its own env prefix (``LLMLAB_GATEWAY_``,
+``LLMLAB_WORKER_`` ...). What all services share (where NATS is, the namespace that prefixes
+every subject/stream, the catalog path) lives in :class:`InfraSettings` under ``LLMLAB_`` so a
+deployment sets it once.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_CATALOG = REPO_ROOT / "configs" / "catalog.yaml"
+_NAMESPACE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+
+
+class InfraSettings(BaseSettings):
+    """Shared infrastructure settings, env prefix ``LLMLAB_``."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMLAB_", extra="ignore")
+
+    env: Literal["dev", "test", "prod"] = "dev"
+    nats_url: str = "nats://127.0.0.1:4222"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # Prefix of every NATS subject, stream and consumer name: lets several deployments (and
+    # concurrent test runs) share one NATS server without seeing each other's messages.
+    namespace: str = "llmlab"
+    catalog_path: Path = DEFAULT_CATALOG
+    log_level: str = "INFO"
+    log_json: bool = True
+
+    @field_validator("namespace")
+    @classmethod
+    def _check_namespace(cls, v: str) -> str:
+        if not _NAMESPACE_RE.match(v):
+            raise ValueError("namespace must match [a-z][a-z0-9_]{0,31} (it becomes part of NATS subjects)")
+        return v
+
+
+class ServiceSettings(BaseSettings):
+    """Base of every service's settings; subclasses set ``model_config`` with their env prefix."""
+
+    model_config = SettingsConfigDict(extra="ignore")
+
+    infra: InfraSettings = Field(default_factory=InfraSettings)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # How long SIGTERM waits for in-flight work before the process exits.
+    drain_timeout_s: float = 30.0
+
+    def refuse_default_secret(self, name: str, value: str, default: str) -> None:
+        """Outside dev/test a secret left at its shipped default is a deployment error."""
+        if self.infra.env == "prod" and value == default:
+            raise ValueError(f"{name} is still the shipped default; set it before running with LLMLAB_ENV=prod")

@@ -1,0 +1,104 @@
+"""Every NATS subject, stream and consumer name, in one place.
+
+Layout (``<ns>`` is :attr:`InfraSettings.namespace`):
+
+* ``<NS>_REQUESTS`` work-queue stream over ``<ns>.req.>``:
+  - ``<ns>.req.pool.<pool>``          any worker of a pool (shared durable consumer ``pool-<pool>``)
+  - ``<ns>.req.worker.<pool>.<id>``   one chosen worker (its own consumer ``worker-<id>``)
+  The two filters never overlap, as a work-queue stream requires.
+* ``<ns>.tok.<gateway_id>.<request_id>`` core NATS: tokens back to the gateway that owns the request
+  (one wildcard subscription per gateway instance).
+* ``<ns>.ctl.cancel``                 core NATS broadcast: stop an attempt wherever it is.
+* ``<ns>.ctl.alive.<gateway_id>``     request/reply: "is this attempt still wanted?" (redeliveries).
+* ``<ns>.hb.<pool>.<worker_id>``      core NATS worker heartbeats with engine load.
+* ``<NS>_EVENTS`` limits-retention stream over ``<ns>.evt.>`` (every durable consumer reads all):
+  - ``<ns>.evt.attempt``  one per attempt (usage, timings, outcome)
+  - ``<ns>.evt.request``  one per refused or failed request
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def check_token(value: str, what: str) -> str:
+    """A subject token must not contain '.', '*', '>' or whitespace."""
+    if not _TOKEN_RE.match(value):
+        raise ValueError(f"{what} {value!r} is not a valid NATS subject token ([A-Za-z0-9_-]{{1,64}})")
+    return value
+
+
+@dataclass(frozen=True)
+class Topology:
+    namespace: str
+
+    # -- streams -----------------------------------------------------------------------------
+    @property
+    def requests_stream(self) -> str:
+        return f"{self.namespace.upper()}_REQUESTS"
+
+    @property
+    def events_stream(self) -> str:
+        return f"{self.namespace.upper()}_EVENTS"
+
+    @property
+    def requests_wildcard(self) -> str:
+        return f"{self.namespace}.req.>"
+
+    @property
+    def events_wildcard(self) -> str:
+        return f"{self.namespace}.evt.>"
+
+    # -- requests ----------------------------------------------------------------------------
+    def pool_subject(self, pool: str) -> str:
+        return f"{self.namespace}.req.pool.{check_token(pool, 'pool')}"
+
+    def worker_subject(self, pool: str, worker_id: str) -> str:
+        return f"{self.namespace}.req.worker.{check_token(pool, 'pool')}.{check_token(worker_id, 'worker id')}"
+
+    @staticmethod
+    def pool_consumer(pool: str) -> str:
+        return f"pool-{check_token(pool, 'pool')}"
+
+    @staticmethod
+    def worker_consumer(worker_id: str) -> str:
+        return f"worker-{check_token(worker_id, 'worker id')}"
+
+    # -- tokens back, control ------------------------------------------------------------------
+    def token_subject(self, gateway_id: str, request_id: str) -> str:
+        return f"{self.namespace}.tok.{check_token(gateway_id, 'gateway id')}.{check_token(request_id, 'request id')}"
+
+    def token_wildcard(self, gateway_id: str) -> str:
+        return f"{self.namespace}.tok.{check_token(gateway_id, 'gateway id')}.*"
+
+    @property
+    def cancel_subject(self) -> str:
+        return f"{self.namespace}.ctl.cancel"
+
+    def alive_subject(self, gateway_id: str) -> str:
+        return f"{self.namespace}.ctl.alive.{check_token(gateway_id, 'gateway id')}"
+
+    # -- heartbeats --------------------------------------------------------------------------
+    def heartbeat_subject(self, pool: str, worker_id: str) -> str:
+        return f"{self.namespace}.hb.{check_token(pool, 'pool')}.{check_token(worker_id, 'worker id')}"
+
+    @property
+    def heartbeat_wildcard(self) -> str:
+        return f"{self.namespace}.hb.>"
+
+    # -- events ------------------------------------------------------------------------------
+    @property
+    def attempt_event_subject(self) -> str:
+        return f"{self.namespace}.evt.attempt"
+
+    @property
+    def request_event_subject(self) -> str:
+        return f"{self.namespace}.evt.request"
+
+
+def attempt_msg_id(request_id: str, attempt: int) -> str:
+    """JetStream dedup id: a retry (new attempt) is a new message, a re-publish of one attempt is not."""
+    return f"{request_id}:{attempt}"
