@@ -11,6 +11,8 @@ class LLMLabError(Exception):
     status: int = 500
     type: str = "server_error"
     code: str | None = "internal_error"
+    # Set on errors of one attempt: may another attempt (another worker) succeed?
+    retryable: bool = False
 
     def __init__(
         self,

@@ -9,6 +9,7 @@ up to ``drain_timeout_s``, and the lifespan's shutdown drains background work.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,8 +47,6 @@ def ops_router(state: ServiceState, metrics: Metrics) -> APIRouter:
     @router.get("/ready", include_in_schema=False)
     async def ready() -> Response:
         ok, results = state.ready()
-        import json
-
         body = json.dumps({"ready": ok, "draining": state.draining, "checks": results})
         return Response(body, status_code=200 if ok else 503, media_type="application/json")
 

@@ -14,6 +14,7 @@ Layout (``<ns>`` is :attr:`InfraSettings.namespace`):
 * ``<NS>_EVENTS`` limits-retention stream over ``<ns>.evt.>`` (every durable consumer reads all):
   - ``<ns>.evt.attempt``  one per attempt (usage, timings, outcome)
   - ``<ns>.evt.request``  one per refused or failed request
+  - ``<ns>.evt.deadletter`` messages no service could parse (kept for inspection, never retried)
 """
 
 from __future__ import annotations
@@ -97,6 +98,10 @@ class Topology:
     @property
     def request_event_subject(self) -> str:
         return f"{self.namespace}.evt.request"
+
+    @property
+    def dead_letter_subject(self) -> str:
+        return f"{self.namespace}.evt.deadletter"
 
 
 def attempt_msg_id(request_id: str, attempt: int) -> str:

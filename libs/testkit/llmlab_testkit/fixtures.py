@@ -1,0 +1,36 @@
+"""Pytest fixtures (registered from the root conftest)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from llmlab_common.natsio import connect, delete_streams
+from llmlab_common.subjects import Topology
+from llmlab_testkit.procs import Stack, unique_namespace
+
+DEV_KEY = "sk-llmlab-dev"
+
+
+async def _cleanup(namespace: str, nats_url: str) -> None:
+    nc = await connect(nats_url, "test-cleanup")
+    try:
+        await delete_streams(nc.jetstream(), Topology(namespace))
+    finally:
+        await nc.close()
+
+
+@pytest.fixture
+def stack() -> Iterator[Stack]:
+    """A fresh namespace (streams, subjects, consumers) per test, deleted afterwards."""
+    s = Stack(namespace=unique_namespace())
+    try:
+        yield s
+    finally:
+        failed = [p for p in s.procs if p.proc is not None and p.proc.poll() not in (None, 0, -15)]
+        s.close()
+        for p in failed:
+            print(f"--- {p.name} exited {p.proc.returncode if p.proc else '?'}; log tail:\n{p.tail()}")
+        asyncio.run(_cleanup(s.namespace, s.nats_url))

@@ -1,0 +1,176 @@
+"""Start services as separate processes (``python -m ...``), the way they run in production."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+LOG_DIR = Path(os.environ.get("LLMLAB_TEST_LOG_DIR", tempfile.gettempdir())) / "llmlab-test-logs"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def unique_namespace() -> str:
+    return "t" + secrets.token_hex(5)
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    cmd: list[str]
+    env: dict[str, str]
+    ready_url: str | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path = field(default_factory=lambda: LOG_DIR / "unset.log")
+
+    def start(self) -> ManagedProcess:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        self.log_path = LOG_DIR / f"{self.name}-{secrets.token_hex(3)}.log"
+        out = self.log_path.open("wb")
+        full_env = {**os.environ, **self.env}
+        self.proc = subprocess.Popen(self.cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> ManagedProcess:
+        assert self.proc is not None and self.ready_url is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if httpx.get(self.ready_url, timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.name} not ready at {self.ready_url} after {timeout}s:\n{self.tail()}")
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "<no log>"
+
+    def logs(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("%s ignored SIGTERM for %.0fs; killing", self.name, timeout)
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+@dataclass
+class Stack:
+    """Processes of one test, all in one NATS namespace; ``close()`` stops them."""
+
+    namespace: str
+    nats_url: str = os.environ.get("LLMLAB_NATS_URL", "nats://127.0.0.1:4222")
+    procs: list[ManagedProcess] = field(default_factory=list)
+    python: str = sys.executable
+
+    def base_env(self) -> dict[str, str]:
+        return {
+            "LLMLAB_NAMESPACE": self.namespace,
+            "LLMLAB_NATS_URL": self.nats_url,
+            "LLMLAB_ENV": "test",
+            "LLMLAB_LOG_JSON": "true",
+        }
+
+    def _launch(self, name: str, module: str, env: dict[str, str], args: list[str], port: int,
+                ready_path: str, wait: bool, timeout: float = 30.0) -> ManagedProcess:
+        p = ManagedProcess(name, [self.python, "-m", module, *args], {**self.base_env(), **env},
+                           ready_url=f"http://127.0.0.1:{port}{ready_path}")
+        self.procs.append(p.start())
+        if wait:
+            p.wait_ready(timeout)
+        p.port = port  # type: ignore[attr-defined]
+        return p
+
+    def sim(self, flavor: str = "vllm", model: str = "meta-llama/Llama-3.1-8B-Instruct", *, ttft_ms: float = 50,
+            itl_ms: float = 10, max_num_seqs: int = 256, output_len: int = 32, wait: bool = True,
+            extra: list[str] | None = None) -> ManagedProcess:
+        port = free_port()
+        args = ["--flavor", flavor, "--port", str(port), "--model", model, "--ttft-ms", str(ttft_ms),
+                "--itl-ms", str(itl_ms), "--max-num-seqs", str(max_num_seqs), "--output-len", str(output_len),
+                *(extra or [])]
+        return self._launch(f"sim-{flavor}", "llmlab_engine_sim", {}, args, port, "/health", wait)
+
+    def worker(self, engine: str, pool: str, engine_url: str, *, max_concurrency: int = 16,
+               heartbeat_s: float = 0.2, worker_id: str | None = None, wait: bool = True,
+               env: dict[str, str] | None = None) -> ManagedProcess:
+        port = free_port()
+        wenv = {
+            "LLMLAB_WORKER_PORT": str(port),
+            "LLMLAB_WORKER_POOL": pool,
+            "LLMLAB_WORKER_ENGINE_URL": engine_url,
+            "LLMLAB_WORKER_MAX_CONCURRENCY": str(max_concurrency),
+            "LLMLAB_WORKER_HEARTBEAT_INTERVAL_S": str(heartbeat_s),
+            "LLMLAB_WORKER_DRAIN_TIMEOUT_S": "5",
+            **({"LLMLAB_WORKER_WORKER_ID": worker_id} if worker_id else {}),
+            **(env or {}),
+        }
+        return self._launch(f"worker-{engine}-{pool}", f"llmlab_worker_{engine}", wenv, [], port, "/ready", wait)
+
+    def gateway(self, *, queue_timeout_s: float | None = None, env: dict[str, str] | None = None,
+                wait: bool = True) -> ManagedProcess:
+        port = free_port()
+        genv = {
+            "LLMLAB_GATEWAY_PORT": str(port),
+            "LLMLAB_GATEWAY_WORKER_DISCOVERY_GRACE_S": "0.6",
+            "LLMLAB_GATEWAY_DRAIN_TIMEOUT_S": "5",
+            **({"LLMLAB_GATEWAY_QUEUE_TIMEOUT_S": str(queue_timeout_s)} if queue_timeout_s else {}),
+            **(env or {}),
+        }
+        return self._launch("gateway", "llmlab_gateway", genv, [], port, "/ready", wait)
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+        self.procs.clear()
+
+
+def url(p: ManagedProcess) -> str:
+    return f"http://127.0.0.1:{p.port}"  # type: ignore[attr-defined]

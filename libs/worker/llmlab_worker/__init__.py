@@ -1,0 +1,1 @@
+"""Base worker lifecycle shared by worker-vllm and worker-sglang."""

@@ -1,0 +1,51 @@
+"""Worker transport: a small FastAPI app for /health, /ready, /metrics whose lifespan runs the
+worker; SIGTERM drains it (stop pulling, finish in-flight attempts)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from llmlab_common.catalog import load_catalog
+from llmlab_common.metrics import Metrics
+from llmlab_common.runtime import ServiceState, ops_router
+
+from llmlab_worker.engine import OpenAIEngineAdapter
+from llmlab_worker.lifecycle import Worker
+from llmlab_worker.settings import WorkerSettings
+
+AdapterFactory = Callable[[WorkerSettings], OpenAIEngineAdapter]
+
+
+def create_worker_app(settings: WorkerSettings, adapter_factory: AdapterFactory) -> FastAPI:
+    metrics = Metrics("llmlab")
+    state = ServiceState()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        catalog = load_catalog(settings.infra.catalog_path)
+        worker = Worker(settings, adapter_factory(settings), catalog, metrics)
+        app.state.worker = worker
+        state.checks["worker"] = worker.ready
+        await worker.start()
+        try:
+            yield
+        finally:
+            await worker.drain(settings.drain_timeout_s)
+
+    app = FastAPI(title="llmlab worker", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.service_state = state
+    app.include_router(ops_router(state, metrics))
+    return app
+
+
+def run_worker(adapter_cls: type[OpenAIEngineAdapter], service: str) -> None:
+    """Entry point shared by the engine workers: settings from env, then serve until SIGTERM."""
+    from llmlab_common.runtime import serve
+
+    settings = WorkerSettings()
+    app = create_worker_app(
+        settings, lambda s: adapter_cls(s.engine_url, s.max_concurrency, s.engine_connect_timeout_s)
+    )
+    serve(app, settings, service)

@@ -1,0 +1,222 @@
+"""Engine adapters: drive an OpenAI-compatible engine server over HTTP.
+
+vLLM (``vllm serve`` / ``python -m vllm.entrypoints.openai.api_server``) and SGLang
+(``python -m sglang.launch_server``) both speak OpenAI's streaming API; what differs (metric
+names, health endpoint, extra request fields) is declared by a subclass.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import aiohttp
+from llmlab_common.messages import EngineLoad, InferenceRequest, Usage
+from llmlab_common.metrics import parse_prometheus_text
+
+log = logging.getLogger(__name__)
+
+
+class EngineRequestError(Exception):
+    """The engine refused or failed the request. ``status`` is the engine's HTTP status (0: no connection)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(slots=True)
+class EngineEvent:
+    """One parsed chunk of the engine's stream."""
+
+    at: float  # time.monotonic() when it arrived
+    text: str = ""
+    tool_calls: list[dict[str, Any]] | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    running: str
+    waiting: str
+    kv_cache_usage: str
+    queue_time_sum: str | None = None
+    queue_time_count: str | None = None
+    prefix_hits: str | None = None  # counter pair (vLLM) ...
+    prefix_queries: str | None = None
+    prefix_hit_rate: str | None = None  # ... or a ready gauge (SGLang)
+
+
+@dataclass
+class _LoadWindow:
+    """Previous counter values, so rates/means are over the last heartbeat interval."""
+
+    last: dict[str, float] = field(default_factory=dict)
+
+    def delta(self, values: dict[str, float], name: str | None) -> float | None:
+        if name is None or name not in values:
+            return None
+        prev = self.last.get(name)
+        self.last[name] = values[name]
+        return None if prev is None else max(0.0, values[name] - prev)
+
+
+class OpenAIEngineAdapter:
+    """Base adapter; subclasses set ``engine``, ``metric_names`` and may override hooks."""
+
+    engine: ClassVar[str] = "openai"
+    metric_names: ClassVar[MetricNames]
+    health_path: ClassVar[str] = "/health"
+
+    def __init__(self, base_url: str, max_concurrency: int, connect_timeout_s: float = 5.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.max_concurrency = max_concurrency
+        self.connect_timeout_s = connect_timeout_s
+        self._session: aiohttp.ClientSession | None = None
+        self._window = _LoadWindow()
+
+    async def start(self) -> None:
+        # Pool sized to the worker's concurrency, plus room for health/metrics polls.
+        connector = aiohttp.TCPConnector(limit=self.max_concurrency + 4, ttl_dns_cache=300)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            read_bufsize=1 << 20,  # the 64 KB default throttles long streams
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("adapter not started")
+        return self._session
+
+    # -- health and load ----------------------------------------------------------------------
+    async def healthy(self) -> bool:
+        try:
+            async with self.session.get(
+                self.base_url + self.health_path, timeout=aiohttp.ClientTimeout(total=3)
+            ) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def load(self) -> EngineLoad:
+        async with self.session.get(self.base_url + "/metrics", timeout=aiohttp.ClientTimeout(total=3)) as resp:
+            resp.raise_for_status()
+            values = parse_prometheus_text(await resp.text())
+        return self.load_from_metrics(values)
+
+    def load_from_metrics(self, values: dict[str, float]) -> EngineLoad:
+        names = self.metric_names
+        hit_rate: float | None = None
+        if names.prefix_hit_rate is not None:
+            hit_rate = values.get(names.prefix_hit_rate)
+        else:
+            hits = self._window.delta(values, names.prefix_hits)
+            queries = self._window.delta(values, names.prefix_queries)
+            if hits is not None and queries:
+                hit_rate = hits / queries
+        q_sum = self._window.delta(values, names.queue_time_sum)
+        q_count = self._window.delta(values, names.queue_time_count)
+        return EngineLoad(
+            running=values.get(names.running),
+            waiting=values.get(names.waiting),
+            kv_cache_usage=values.get(names.kv_cache_usage),
+            prefix_cache_hit_rate=hit_rate,
+            mean_queue_time_s=(q_sum / q_count) if q_sum is not None and q_count else None,
+        )
+
+    # -- generation ---------------------------------------------------------------------------
+    def build_body(self, req: InferenceRequest) -> dict[str, Any]:
+        """The engine request: always streamed (so cancel and timings work for every client)."""
+        body: dict[str, Any] = {
+            "model": req.model,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if req.endpoint == "chat":
+            body["messages"] = req.messages
+        else:
+            body["prompt"] = req.prompt
+        body.update(req.params.model_dump(exclude_none=True))
+        return body
+
+    def path_for(self, req: InferenceRequest) -> str:
+        return "/v1/chat/completions" if req.endpoint == "chat" else "/v1/completions"
+
+    async def stream(self, req: InferenceRequest) -> AsyncIterator[EngineEvent]:
+        """Yield parsed chunks; closing the iterator closes the HTTP stream, which aborts the
+        request inside the engine (both vLLM and SGLang abort on client disconnect)."""
+        body = self.build_body(req)
+        try:
+            resp = await self.session.post(self.base_url + self.path_for(req), json=body)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineRequestError(0, f"engine unreachable: {exc}") from exc
+        async with resp:
+            if resp.status != 200:
+                text = await resp.text()
+                raise EngineRequestError(resp.status, _engine_error_message(text))
+            try:
+                async for raw in resp.content:
+                    if not raw.startswith(b"data:"):
+                        continue
+                    data = raw[5:].strip()
+                    if data == b"[DONE]":
+                        return
+                    event = self.parse_chunk(json.loads(data), time.monotonic(), req.endpoint == "chat")
+                    if event is not None:
+                        yield event
+            except aiohttp.ClientPayloadError as exc:
+                raise EngineRequestError(0, f"engine stream broke: {exc}") from exc
+
+    @staticmethod
+    def parse_chunk(obj: dict[str, Any], at: float, chat: bool) -> EngineEvent | None:
+        if "error" in obj and "choices" not in obj:
+            err = obj["error"]
+            msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+            raise EngineRequestError(int(err.get("code", 500)) if isinstance(err, dict) else 500, msg)
+        event = EngineEvent(at=at)
+        usage = obj.get("usage")
+        if usage:
+            details = usage.get("prompt_tokens_details") or {}
+            event.usage = Usage(
+                prompt_tokens=usage.get("prompt_tokens", 0),
+                completion_tokens=usage.get("completion_tokens", 0),
+                total_tokens=usage.get("total_tokens", 0),
+                cached_tokens=details.get("cached_tokens"),
+            )
+        choices = obj.get("choices") or []
+        if choices:
+            choice = choices[0]
+            if chat:
+                delta = choice.get("delta") or {}
+                event.text = delta.get("content") or ""
+                event.tool_calls = delta.get("tool_calls") or None
+            else:
+                event.text = choice.get("text") or ""
+            event.finish_reason = choice.get("finish_reason")
+        if not event.text and event.tool_calls is None and event.finish_reason is None and event.usage is None:
+            return None  # e.g. the role-only first chunk
+        return event
+
+
+def _engine_error_message(text: str) -> str:
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return text[:500]
+    err = obj.get("error", obj) if isinstance(obj, dict) else obj
+    if isinstance(err, dict):
+        return str(err.get("message") or err.get("detail") or err)[:500]
+    return str(err)[:500]

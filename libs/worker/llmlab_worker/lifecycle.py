@@ -1,0 +1,586 @@
+"""The base worker lifecycle: connect, pull with capacity, call the engine, stream back,
+report, drain. Engine specifics live in :mod:`llmlab_worker.engine` adapters."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from llmlab_common.catalog import Catalog
+from llmlab_common.logging import request_id_var
+from llmlab_common.messages import (
+    AliveProbe,
+    AliveReply,
+    AttemptEvent,
+    AttemptOutcome,
+    CancelRequest,
+    ErrorInfo,
+    FinishReason,
+    Heartbeat,
+    InferenceRequest,
+    StreamEnd,
+    StreamError,
+    StreamStarted,
+    Timings,
+    TokenChunk,
+    Usage,
+)
+from llmlab_common.metrics import TOKEN_BUCKETS, Metrics
+from llmlab_common.natsio import connect, ensure_streams
+from llmlab_common.subjects import Topology
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from pydantic import ValidationError
+
+from llmlab_worker.engine import EngineRequestError, OpenAIEngineAdapter
+from llmlab_worker.pull import Capacity, PullFeeder
+from llmlab_worker.settings import WorkerSettings
+from llmlab_worker.stats import AttemptClock
+
+log = logging.getLogger(__name__)
+
+CANCEL_MEMORY_S = 600.0  # remember cancels of not-yet-pulled attempts this long
+FINISH_REASONS: set[str] = {"stop", "length", "tool_calls", "content_filter"}
+
+
+class WorkerMetrics:
+    def __init__(self, metrics: Metrics) -> None:
+        m = metrics
+        self.attempts = m.counter("worker_attempts_total", "Attempts taken, by outcome", ("outcome",))
+        self.in_flight = m.gauge("worker_in_flight_requests", "Attempts running on the engine now")
+        self.capacity = m.gauge("worker_capacity_requests", "Concurrent attempts this worker accepts")
+        self.engine_ready = m.gauge("worker_engine_ready", "1 while the engine answers its health check")
+        self.nats_queue = m.histogram("worker_nats_queue_seconds", "Dispatch to take: wait in NATS")
+        self.ttft = m.histogram("worker_ttft_seconds", "Engine call to first token")
+        self.itl = m.histogram("worker_itl_seconds", "Gap between engine chunks (p50 per attempt)")
+        self.e2e = m.histogram("worker_e2e_seconds", "Take to terminal message")
+        self.tokens = m.counter("worker_completion_tokens_total", "Completion tokens generated")
+        self.prompt_tokens = m.counter("worker_prompt_tokens_total", "Prompt tokens processed")
+        self.nats_msgs = m.counter("worker_token_messages_total", "Token messages published (after coalescing)")
+        self.completion_len = m.histogram(
+            "worker_request_completion_tokens", "Completion tokens per attempt", buckets=TOKEN_BUCKETS
+        )
+
+
+@dataclass
+class _Running:
+    req: InferenceRequest
+    msg: Msg
+    task: asyncio.Task[None] | None = None
+    last_progress: float = field(default_factory=time.monotonic)
+    cancel_reason: str | None = None
+
+
+class _Coalescer:
+    """Turns engine chunks into token messages: a chunk goes out at once unless the previous
+    flush was under ``window`` ago, in which case it waits for the window to close. At low
+    rates that adds nothing; under load it bounds messages per stream to 1/window."""
+
+    def __init__(self, worker: Worker, req: InferenceRequest, window: float) -> None:
+        self.worker = worker
+        self.req = req
+        self.window = window
+        self.seq = 1  # 0 is the "started" message
+        self.text: list[str] = []
+        self.times: list[float] = []
+        self.tools: list[dict[str, object]] = []
+        self.last_flush = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self.engine_start = 0.0
+
+    def add(self, text: str, tool_calls: list[dict[str, object]] | None, at: float) -> None:
+        if text:
+            self.text.append(text)
+        if tool_calls:
+            self.tools.extend(tool_calls)
+        self.times.append(at - self.engine_start)
+        if at - self.last_flush >= self.window:
+            self.flush()
+        elif self._timer is None:
+            delay = max(0.0, self.last_flush + self.window - at)
+            self._timer = asyncio.get_running_loop().call_later(delay, self.flush)
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self.times:
+            return
+        msg = TokenChunk(
+            request_id=self.req.request_id,
+            attempt=self.req.attempt,
+            seq=self.next_seq(),
+            text="".join(self.text),
+            tool_calls=self.tools or None,
+            token_times=self.times,
+        )
+        self.text, self.times, self.tools = [], [], []
+        self.last_flush = time.monotonic()
+        self.worker.publish_nowait(self.req.reply_subject, msg.model_dump_json(exclude_none=True).encode())
+        self.worker.m.nats_msgs.inc()
+
+    def next_seq(self) -> int:
+        s = self.seq
+        self.seq += 1
+        return s
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class Worker:
+    def __init__(
+        self, settings: WorkerSettings, adapter: OpenAIEngineAdapter, catalog: Catalog, metrics: Metrics
+    ) -> None:
+        self.settings = settings
+        self.adapter = adapter
+        self.catalog = catalog
+        self.topo = Topology(settings.infra.namespace)
+        self.metrics = metrics
+        self.m = WorkerMetrics(metrics)
+        self.m.capacity.set(settings.max_concurrency)
+        self.models = settings.models or sorted({d.model for d in catalog.deployments if d.pool == settings.pool})
+        self.nc: NATS | None = None
+        self.js: JetStreamContext | None = None
+        self.capacity = Capacity(settings.max_concurrency)
+        self.running: dict[tuple[str, int], _Running] = {}
+        self.cancelled: dict[tuple[str, int | None], float] = {}
+        self.engine_ready = False
+        self.draining = False
+        self._feeders: list[PullFeeder] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._engine_failures = 0
+        self._publish_tasks: set[asyncio.Task[None]] = set()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def ready(self) -> bool:
+        return bool(self.nc and self.nc.is_connected and self.engine_ready and not self.draining)
+
+    async def start(self) -> None:
+        s = self.settings
+        await self.adapter.start()
+        self.nc = await connect(s.infra.nats_url, f"worker-{s.worker_id}")
+        self.js = self.nc.jetstream()
+        await ensure_streams(self.js, self.topo)
+        common = {
+            "ack_policy": AckPolicy.EXPLICIT,
+            "ack_wait": s.ack_wait_s,
+            "max_deliver": s.max_deliver,
+            "deliver_policy": DeliverPolicy.ALL,
+            "max_ack_pending": -1,
+            "max_waiting": 512,
+        }
+        pool_consumer = self.topo.pool_consumer(s.pool)
+        worker_consumer = self.topo.worker_consumer(s.worker_id)
+        await self.js.add_consumer(
+            self.topo.requests_stream,
+            ConsumerConfig(durable_name=pool_consumer, filter_subject=self.topo.pool_subject(s.pool), **common),
+        )
+        await self.js.add_consumer(
+            self.topo.requests_stream,
+            ConsumerConfig(
+                durable_name=worker_consumer,
+                filter_subject=self.topo.worker_subject(s.pool, s.worker_id),
+                inactive_threshold=s.worker_consumer_inactive_s,
+                **common,
+            ),
+        )
+        await self.nc.subscribe(self.topo.cancel_subject, cb=self._on_cancel)
+        self._feeders = [
+            PullFeeder(
+                self.nc,
+                self.topo.requests_stream,
+                pool_consumer,
+                self.capacity,
+                self._on_request,
+                max_batch=min(256, s.max_concurrency),
+                expires_s=5.0,
+            ),
+            PullFeeder(
+                self.nc,
+                self.topo.requests_stream,
+                worker_consumer,
+                self.capacity,
+                self._on_request,
+                max_batch=1,
+                expires_s=5.0,
+                reserve_slots=False,
+            ),
+        ]
+        # Do not pull before the engine is known healthy.
+        await self._check_engine()
+        for f in self._feeders:
+            if not self.engine_ready:
+                f.gate.clear()
+            await f.start()
+        self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="heartbeat"))
+        log.info(
+            "worker %s up: pool=%s engine=%s at %s, models=%s, concurrency=%d",
+            s.worker_id,
+            s.pool,
+            self.adapter.engine,
+            s.engine_url,
+            self.models,
+            s.max_concurrency,
+        )
+
+    async def drain(self, timeout: float) -> None:
+        """Stop pulling, let running attempts finish (up to ``timeout``), then close."""
+        self.draining = True
+        for f in self._feeders:
+            await f.stop()
+        await self._publish_heartbeat()
+        deadline = time.monotonic() + timeout
+        while self.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for r in list(self.running.values()):
+            r.cancel_reason = "worker_draining"
+            if r.task:
+                r.task.cancel()
+        if self.running:
+            await asyncio.sleep(0.1)
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.flush(timeout=2)
+            await self.nc.close()
+        await self.adapter.close()
+        log.info("worker %s drained", self.settings.worker_id)
+
+    # -- NATS plumbing ---------------------------------------------------------------------
+    def publish_nowait(self, subject: str, payload: bytes) -> None:
+        """Core publish from sync code: nats-py buffers synchronously before its first await,
+        so order is kept; the task only matters when the buffer must be flushed."""
+        assert self.nc is not None
+        task = asyncio.ensure_future(self.nc.publish(subject, payload))
+        if not task.done():
+            self._publish_tasks.add(task)
+            task.add_done_callback(self._publish_tasks.discard)
+
+    async def _publish_event(self, event: AttemptEvent) -> None:
+        assert self.js is not None
+        try:
+            await self.js.publish(
+                self.topo.attempt_event_subject,
+                event.model_dump_json(exclude_none=True).encode(),
+                headers={"Nats-Msg-Id": f"evt:{event.request_id}:{event.attempt}:{event.source}"},
+                timeout=5,
+            )
+        except Exception:
+            log.exception("could not publish attempt event", extra={"request_id": event.request_id})
+
+    async def _on_cancel(self, msg: Msg) -> None:
+        try:
+            c = CancelRequest.model_validate_json(msg.data)
+        except ValidationError:
+            log.warning("malformed cancel message dropped")
+            return
+        self.cancelled[(c.request_id, c.attempt)] = time.monotonic() + CANCEL_MEMORY_S
+        for key, r in list(self.running.items()):
+            if key[0] == c.request_id and (c.attempt is None or key[1] == c.attempt) and r.task:
+                r.cancel_reason = c.reason
+                r.task.cancel()
+
+    def _is_cancelled(self, req: InferenceRequest) -> bool:
+        return (req.request_id, req.attempt) in self.cancelled or (req.request_id, None) in self.cancelled
+
+    # -- taking work -----------------------------------------------------------------------
+    async def _on_request(self, msg: Msg, held_slot: bool) -> None:
+        if not held_slot:
+            await self.capacity.take_up_to(1)
+        try:
+            req = InferenceRequest.model_validate_json(msg.data)
+        except ValidationError as exc:
+            await self._dead_letter(msg, str(exc))
+            await self.capacity.release(1)
+            return
+        if self.draining or not self.engine_ready:
+            # Someone else can run it now: hand it back without waiting for ack_wait.
+            await msg.nak()
+            await self.capacity.release(1)
+            return
+        run = _Running(req=req, msg=msg)
+        self.running[(req.request_id, req.attempt)] = run
+        self.m.in_flight.set(len(self.running))
+        run.task = asyncio.create_task(self._run(run), name=f"attempt:{req.request_id}:{req.attempt}")
+
+    async def _dead_letter(self, msg: Msg, why: str) -> None:
+        assert self.js is not None
+        log.error("malformed request message dead-lettered: %s", why[:300])
+        with contextlib.suppress(Exception):
+            await self.js.publish(self.topo.dead_letter_subject, msg.data, headers={"Llmlab-Reason": why[:200]})
+        await msg.term()
+        self.m.attempts.labels("malformed").inc()
+
+    async def _still_wanted(self, req: InferenceRequest) -> bool:
+        """A redelivered attempt runs only if its gateway still waits for exactly this attempt."""
+        assert self.nc is not None
+        probe = AliveProbe(request_id=req.request_id, attempt=req.attempt)
+        try:
+            reply = await self.nc.request(
+                self.topo.alive_subject(req.gateway_id),
+                probe.model_dump_json().encode(),
+                timeout=self.settings.alive_probe_timeout_s,
+            )
+            return AliveReply.model_validate_json(reply.data).wanted
+        except Exception:
+            return False  # gateway gone or silent: nobody would read the stream
+
+    async def _run(self, run: _Running) -> None:
+        req, msg = run.req, run.msg
+        token = request_id_var.set(req.request_id)
+        taken_wall, taken = time.time(), time.monotonic()
+        clock = AttemptClock(nats_queue_s=max(0.0, taken_wall - req.dispatched_at), taken_at=taken)
+        outcome: AttemptOutcome = "completed"
+        usage: Usage | None = None
+        finish: FinishReason | None = None
+        error: ErrorInfo | None = None
+        coalescer = _Coalescer(self, req, self.settings.coalesce_ms / 1000.0)
+        started = False
+        try:
+            if self._is_cancelled(req):
+                outcome = "cancelled"
+                return
+            if taken_wall > req.start_deadline:
+                outcome = "expired"
+                log.info("discarding expired attempt %d (%.2fs past its start deadline)", req.attempt,
+                         taken_wall - req.start_deadline)
+                return
+            if msg.metadata.num_delivered > 1 and not await self._still_wanted(req):
+                outcome = "stale"
+                log.info("dropping redelivered attempt %d: its gateway no longer waits for it", req.attempt)
+                return
+            self.m.nats_queue.observe(clock.nats_queue_s)
+            self._publish_stream(
+                req,
+                StreamStarted(
+                    request_id=req.request_id,
+                    attempt=req.attempt,
+                    seq=0,
+                    worker_id=self.settings.worker_id,
+                    engine=self.adapter.engine,
+                    nats_queue_s=clock.nats_queue_s,
+                ),
+            )
+            started = True
+            usage, finish = await self._generate(req, clock, coalescer)
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            finish = "cancelled"
+        except EngineRequestError as exc:
+            outcome = "engine_error"
+            error = _engine_error_info(exc)
+        except TimeoutError:
+            outcome = "engine_error"
+            error = ErrorInfo(status=504, type="server_error", code="timeout", message="request deadline reached")
+        except Exception as exc:
+            log.exception("attempt failed")
+            outcome = "engine_error"
+            error = ErrorInfo(status=500, type="server_error", code="worker_error", message=str(exc)[:300])
+        finally:
+            coalescer.flush()
+            coalescer.close()
+            ended = time.monotonic()
+            if usage is None and clock.token_times:
+                # Cancelled or failed mid-stream: the engine sent no usage; count what was generated.
+                n = len(clock.token_times)
+                usage = Usage(completion_tokens=n, total_tokens=n)
+            timings = clock.timings(usage.completion_tokens if usage else len(clock.token_times), ended)
+            if started and outcome == "completed" and usage is not None and finish not in (None, "cancelled"):
+                self._publish_stream(
+                    req,
+                    StreamEnd(
+                        request_id=req.request_id,
+                        attempt=req.attempt,
+                        seq=coalescer.next_seq(),
+                        finish_reason=finish,
+                        usage=usage,
+                        timings=timings,
+                    ),
+                )
+            elif started and error is not None:
+                self._publish_stream(
+                    req,
+                    StreamError(
+                        request_id=req.request_id,
+                        attempt=req.attempt,
+                        seq=coalescer.next_seq(),
+                        error=error,
+                        before_first_token=not clock.token_times,
+                        # Nothing reached the client and the engine may be fine elsewhere: retry.
+                        retryable=not clock.token_times and error.status in (0, 500, 502, 503, 504),
+                    ),
+                )
+            await self._finish(run, outcome, usage, finish, timings if started else None, error, taken_wall)
+            request_id_var.reset(token)
+
+    async def _generate(
+        self, req: InferenceRequest, clock: AttemptClock, coalescer: _Coalescer
+    ) -> tuple[Usage, FinishReason]:
+        usage: Usage | None = None
+        finish: str | None = None
+        remaining = req.deadline - time.time()
+        async with asyncio.timeout(max(0.0, remaining)):
+            clock.engine_start = coalescer.engine_start = time.monotonic()
+            stream = self.adapter.stream(req)
+            try:
+                async for ev in stream:
+                    if ev.text or ev.tool_calls:
+                        clock.token_times.append(ev.at)
+                        coalescer.add(ev.text, ev.tool_calls, ev.at)
+                    if ev.finish_reason:
+                        finish = ev.finish_reason
+                    if ev.usage is not None:
+                        usage = ev.usage
+            finally:
+                await stream.aclose()
+        if usage is None:
+            # Engines send usage last when asked (stream_options.include_usage); count what we saw.
+            usage = Usage(completion_tokens=len(clock.token_times), total_tokens=len(clock.token_times))
+        reason: FinishReason = finish if finish in FINISH_REASONS else "stop"  # type: ignore[assignment]
+        return usage, reason
+
+    def _publish_stream(self, req: InferenceRequest, message: StreamStarted | StreamEnd | StreamError) -> None:
+        self.publish_nowait(req.reply_subject, message.model_dump_json(exclude_none=True).encode())
+
+    async def _finish(
+        self,
+        run: _Running,
+        outcome: AttemptOutcome,
+        usage: Usage | None,
+        finish: FinishReason | None,
+        t: Timings | None,
+        error: ErrorInfo | None,
+        taken_wall: float,
+    ) -> None:
+        req, msg = run.req, run.msg
+        self.running.pop((req.request_id, req.attempt), None)
+        self.m.in_flight.set(len(self.running))
+        await self.capacity.release(1)
+        try:
+            await msg.ack()
+        except Exception:
+            log.warning("ack failed (redelivery will be dropped as stale)")
+        self.m.attempts.labels(outcome).inc()
+        if usage is not None:
+            self.m.tokens.inc(usage.completion_tokens)
+            self.m.prompt_tokens.inc(usage.prompt_tokens)
+            self.m.completion_len.observe(usage.completion_tokens)
+        if t is not None:
+            if t.ttft_s is not None:
+                self.m.ttft.observe(t.ttft_s)
+            if t.itl_p50_s is not None:
+                self.m.itl.observe(t.itl_p50_s)
+            self.m.e2e.observe(t.e2e_s)
+        deployment = next((d for d in self.catalog.deployments if d.id == req.deployment), None)
+        event = AttemptEvent(
+            request_id=req.request_id,
+            attempt=req.attempt,
+            outcome=outcome,
+            source="worker",
+            worker_id=self.settings.worker_id,
+            pool=req.pool,
+            deployment=req.deployment,
+            model=deployment.model if deployment else req.model,
+            engine=self.adapter.engine,
+            endpoint=req.endpoint,
+            principal=req.principal,
+            finish_reason=finish,
+            usage=usage,
+            timings=t,
+            error=error,
+            created_at=req.created_at,
+            ended_at=time.time(),
+        )
+        if run.cancel_reason:
+            log.info("attempt %d cancelled: %s", req.attempt, run.cancel_reason)
+        await self._publish_event(event)
+
+    # -- health, load and heartbeats ---------------------------------------------------------
+    async def _check_engine(self) -> None:
+        ok = await self.adapter.healthy()
+        if ok:
+            self._engine_failures = 0
+        else:
+            self._engine_failures += 1
+        was = self.engine_ready
+        self.engine_ready = ok or (was and self._engine_failures < self.settings.engine_fail_threshold)
+        self.m.engine_ready.set(1 if self.engine_ready else 0)
+        if was != self.engine_ready:
+            log.warning("engine %s", "ready" if self.engine_ready else "LOST: stopped pulling, reporting unready")
+            for f in self._feeders:
+                if self.engine_ready and not self.draining:
+                    f.gate.set()
+                else:
+                    f.gate.clear()
+
+    async def _publish_heartbeat(self) -> None:
+        if self.nc is None or not self.nc.is_connected:
+            return
+        load = None
+        if self.engine_ready:
+            try:
+                load = await self.adapter.load()
+            except Exception as exc:
+                log.debug("engine metrics unavailable: %s", exc)
+        hb = Heartbeat(
+            worker_id=self.settings.worker_id,
+            pool=self.settings.pool,
+            engine=self.adapter.engine,
+            models=self.models,
+            max_concurrency=self.settings.max_concurrency,
+            in_flight=len(self.running),
+            ready=self.ready(),
+            draining=self.draining,
+            interval_s=self.settings.heartbeat_interval_s,
+            sent_at=time.time(),
+            **({"load": load} if load is not None else {}),
+        )
+        await self.nc.publish(
+            self.topo.heartbeat_subject(self.settings.pool, self.settings.worker_id), hb.model_dump_json().encode()
+        )
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.settings.heartbeat_interval_s
+        while True:
+            try:
+                await self._check_engine()
+                await self._publish_heartbeat()
+                await self._keep_alive_running()
+                now = time.monotonic()
+                for key, expiry in list(self.cancelled.items()):
+                    if expiry < now:
+                        del self.cancelled[key]
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("heartbeat loop error")
+            await asyncio.sleep(interval)
+
+    async def _keep_alive_running(self) -> None:
+        """In-progress acks so JetStream does not redeliver a long generation."""
+        now = time.monotonic()
+        for r in list(self.running.values()):
+            if now - r.last_progress > self.settings.ack_wait_s / 3:
+                r.last_progress = now
+                with contextlib.suppress(Exception):
+                    await r.msg.in_progress()
+
+
+def _engine_error_info(exc: EngineRequestError) -> ErrorInfo:
+    if exc.status in (400, 404, 413, 422):
+        # The engine refused the request itself (e.g. prompt longer than the context): the
+        # client's error, reported as such.
+        return ErrorInfo(status=400 if exc.status == 422 else exc.status, type="invalid_request_error",
+                         code="engine_rejected", message=exc.message)
+    return ErrorInfo(status=502, type="server_error", code="engine_error",
+                     message=f"engine error ({exc.status or 'no connection'}): {exc.message}")

@@ -1,0 +1,140 @@
+"""Capacity-driven JetStream pulling.
+
+nats-py's ``fetch(batch>1)`` keeps collecting until the batch is full or the timeout passes,
+which would hold the first message of a trickle for the whole timeout. We instead keep one
+lingering pull request per consumer on our own inbox, sized to the free capacity, and hand each
+message to the worker the moment it arrives. Slots are reserved when a pull is issued and the
+unfilled part is returned when the server ends the pull (status 408/409) or it is satisfied,
+so a worker never holds more messages than it can run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+log = logging.getLogger(__name__)
+
+STATUS_HDR = "Status"
+
+
+class Capacity:
+    """Free slots of a worker, shared by its feeders and its running attempts."""
+
+    def __init__(self, slots: int) -> None:
+        self.total = slots
+        self.free = slots
+        self._cond = asyncio.Condition()
+
+    async def take_up_to(self, n: int) -> int:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.free > 0)
+            k = min(n, self.free)
+            self.free -= k
+            return k
+
+    async def release(self, n: int = 1) -> None:
+        if n <= 0:
+            return
+        async with self._cond:
+            self.free = min(self.total, self.free + n)
+            self._cond.notify_all()
+
+    @property
+    def in_use(self) -> int:
+        return self.total - self.free
+
+
+class PullFeeder:
+    """One consumer's lingering pull, refilled as capacity frees.
+
+    ``reserve_slots`` False (the per-worker consumer): pull one message at a time without
+    reserving; the handler waits for a slot itself, so at most one targeted message waits here.
+    """
+
+    def __init__(
+        self,
+        nc: NATS,
+        stream: str,
+        consumer: str,
+        capacity: Capacity,
+        handler: Callable[[Msg, bool], Awaitable[None]],
+        *,
+        max_batch: int,
+        expires_s: float,
+        reserve_slots: bool = True,
+        api_prefix: str = "$JS.API",
+    ) -> None:
+        self.nc = nc
+        self.capacity = capacity
+        self.handler = handler
+        self.max_batch = max_batch
+        self.expires_s = expires_s
+        self.reserve_slots = reserve_slots
+        self._next_subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self._inbox = nc.new_inbox()
+        self._sub = None
+        self._remaining = 0
+        self._done = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.gate = asyncio.Event()  # cleared while the engine is down or the worker drains
+        self.gate.set()
+
+    async def start(self) -> None:
+        self._sub = await self.nc.subscribe(self._inbox, cb=self._on_msg)
+        self._task = asyncio.create_task(self._loop(), name=f"pull:{self._next_subject}")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self.gate.clear()
+        self._done.set()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+
+    async def _loop(self) -> None:
+        while not self._stopping:
+            await self.gate.wait()
+            k = await self.capacity.take_up_to(self.max_batch) if self.reserve_slots else 1
+            self._remaining = k
+            self._done.clear()
+            req = {"batch": k, "expires": int(self.expires_s * 1e9)}
+            try:
+                await self.nc.publish(self._next_subject, json.dumps(req).encode(), reply=self._inbox)
+                # The server ends the pull with a status (408 on expiry) after its messages.
+                await asyncio.wait_for(self._done.wait(), self.expires_s + 2.0)
+            except TimeoutError:
+                log.debug("pull on %s ended without status; re-issuing", self._next_subject)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("pull request failed on %s", self._next_subject)
+                await asyncio.sleep(0.5)
+            finally:
+                if self.reserve_slots and self._remaining > 0:
+                    await self.capacity.release(self._remaining)
+                self._remaining = 0
+
+    async def _on_msg(self, msg: Msg) -> None:
+        status = msg.headers.get(STATUS_HDR) if msg.headers else None
+        if status is not None:
+            if status != "100":  # 100 = idle heartbeat; 404/408/409 end the pull
+                self._done.set()
+            return
+        held_slot = self.reserve_slots and self._remaining > 0
+        # The handler returns once the message owns a slot (it waits for one when none was
+        # reserved), so the next pull is issued only after that: nothing piles up here.
+        await self.handler(msg, held_slot)
+        if self._remaining > 0:
+            self._remaining -= 1
+            if self._remaining == 0:
+                self._done.set()

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+
+from llmlab_common.settings import ServiceSettings
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+
+def _default_worker_id() -> str:
+    host = socket.gethostname().split(".")[0][:24]
+    clean = "".join(c if c.isalnum() or c in "-_" else "-" for c in host)
+    return f"{clean}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+class WorkerSettings(ServiceSettings):
+    """Env prefix ``LLMLAB_WORKER_``; both engine workers share it (same lifecycle)."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMLAB_WORKER_", extra="ignore")
+
+    port: int = 8090
+    engine_url: str = "http://127.0.0.1:8001"
+    pool: str = "gpu-vllm"
+    worker_id: str = Field(default_factory=_default_worker_id)
+    # Models this worker serves, as public ids; empty = every catalog deployment of this pool.
+    models: list[str] = Field(default_factory=list)
+    max_concurrency: int = Field(default=64, ge=1)
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    # JetStream redelivers an unacked attempt after this; in-progress acks keep long generations alive.
+    ack_wait_s: float = Field(default=30.0, gt=0)
+    max_deliver: int = Field(default=3, ge=1)
+    # Consumers of dead workers are removed by NATS after this long without pulls.
+    worker_consumer_inactive_s: float = Field(default=300.0, gt=0)
+    fetch_timeout_s: float = Field(default=1.0, gt=0)
+    # Tokens that arrive within this window of the previous flush go out in one NATS message.
+    coalesce_ms: float = Field(default=10.0, ge=0)
+    engine_connect_timeout_s: float = 5.0
+    engine_fail_threshold: int = Field(default=3, ge=1)  # failed health checks before unready
+    alive_probe_timeout_s: float = 1.0

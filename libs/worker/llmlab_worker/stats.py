@@ -1,0 +1,50 @@
+"""Per-attempt timing: queue phases apart, ITL from engine arrival times (survives coalescing)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmlab_common.messages import Timings
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated quantile of an already sorted list (numpy's default method)."""
+    if not sorted_values:
+        raise ValueError("no values")
+    pos = (len(sorted_values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+@dataclass
+class AttemptClock:
+    nats_queue_s: float
+    taken_at: float  # monotonic, when the worker took the message
+    engine_start: float | None = None  # monotonic, engine call sent
+    token_times: list[float] = field(default_factory=list)  # monotonic arrival of each content chunk
+
+    def timings(self, completion_tokens: int, ended_at: float, engine_queue_s: float | None = None) -> Timings:
+        ttft = decode = tpot = p50 = p95 = p99 = None
+        if self.engine_start is not None and self.token_times:
+            first, last = self.token_times[0], self.token_times[-1]
+            ttft = first - self.engine_start
+            decode = last - first
+            if completion_tokens > 1:
+                tpot = decode / (completion_tokens - 1)
+            gaps = sorted(b - a for a, b in zip(self.token_times, self.token_times[1:], strict=False))
+            if gaps:
+                p50, p95, p99 = quantile(gaps, 0.5), quantile(gaps, 0.95), quantile(gaps, 0.99)
+        prefill = None if ttft is None or engine_queue_s is None else max(0.0, ttft - engine_queue_s)
+        return Timings(
+            nats_queue_s=self.nats_queue_s,
+            engine_queue_s=engine_queue_s,
+            ttft_s=ttft,
+            prefill_s=prefill,
+            decode_s=decode,
+            e2e_s=ended_at - self.taken_at,
+            itl_p50_s=p50,
+            itl_p95_s=p95,
+            itl_p99_s=p99,
+            tpot_s=tpot,
+        )

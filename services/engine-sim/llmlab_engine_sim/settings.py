@@ -1,0 +1,35 @@
+"""Settings of the engine simulator, env prefix ``LLMLAB_SIM_``; the CLI overrides them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from llmlab_common.settings import ServiceSettings
+
+
+class SimSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="LLMLAB_SIM_", extra="ignore")
+
+    # Which engine the simulator presents itself as: metric names/labels and extra endpoints.
+    flavor: Literal["vllm", "sglang"] = "vllm"
+    # The served model name (what ``/v1/models`` lists and requests must name).
+    model: str = "meta-llama/Llama-3.1-8B-Instruct"
+    port: int = 8001
+    # Time from admission (leaving the engine queue) to the first token.
+    ttft_ms: float = Field(default=100.0, gt=0)
+    # Time between two tokens of one request (one engine step).
+    itl_ms: float = Field(default=50.0, gt=0)
+    # Requests running at once; the rest wait in the engine queue (FIFO, or by ``priority``).
+    max_num_seqs: int = Field(default=256, ge=1)
+    # Tokens a request generates when its max_tokens allows (finish_reason "stop");
+    # a smaller max_tokens cuts it short (finish_reason "length").
+    output_len: int = Field(default=256, ge=1)
+    # Prompt + max_tokens may not exceed this (400 otherwise), as in vLLM.
+    max_model_len: int = Field(default=8192, ge=1)
+    # KV-cache capacity in tokens: the denominator of the KV-cache usage gauges.
+    kv_cache_tokens: int = Field(default=262144, ge=1)
+    # Seed of the generated text (with the prompt and the request's own ``seed``).
+    seed: int = 0

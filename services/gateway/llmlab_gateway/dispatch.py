@@ -1,0 +1,245 @@
+"""NATS side of the gateway: publishes attempts to JetStream, owns one wildcard subscription
+for every request's tokens, answers workers' "still wanted?" probes, tracks worker heartbeats
+and turns a vanished worker into :class:`WorkerLost` for the attempt it held."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from llmlab_common.messages import (
+    STREAM_MESSAGE,
+    AliveProbe,
+    AliveReply,
+    AttemptEvent,
+    CancelRequest,
+    Heartbeat,
+    InferenceRequest,
+    RequestEvent,
+    StreamEnd,
+    StreamError,
+    StreamStarted,
+)
+from llmlab_common.metrics import Metrics
+from llmlab_common.subjects import Topology, attempt_msg_id
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from pydantic import ValidationError
+
+from llmlab_gateway.routing import RouteDecision
+from llmlab_gateway.service import AttemptMessage, StreamGap, WorkerLost
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_MISSES = 3  # a worker silent for this many of its intervals is gone
+
+
+@dataclass
+class _WorkerSeen:
+    hb: Heartbeat
+    expires_at: float
+
+
+class WorkerRegistry:
+    def __init__(self) -> None:
+        self.workers: dict[str, _WorkerSeen] = {}
+
+    def update(self, hb: Heartbeat) -> None:
+        self.workers[hb.worker_id] = _WorkerSeen(hb, time.monotonic() + HEARTBEAT_MISSES * hb.interval_s)
+
+    def alive(self, worker_id: str) -> bool:
+        seen = self.workers.get(worker_id)
+        return seen is not None and seen.expires_at > time.monotonic()
+
+    def live_ready(self, pool: str) -> int:
+        now = time.monotonic()
+        return sum(
+            1
+            for s in self.workers.values()
+            if s.hb.pool == pool and s.expires_at > now and s.hb.ready and not s.hb.draining
+        )
+
+    def prune(self) -> None:
+        now = time.monotonic()
+        for wid in [w for w, s in self.workers.items() if s.expires_at < now - 60]:
+            del self.workers[wid]
+
+
+@dataclass
+class _Inflight:
+    attempt: int
+    queue: asyncio.Queue[AttemptMessage] = field(default_factory=asyncio.Queue)
+    next_seq: int = 0
+    worker_id: str | None = None
+    lost_reported: bool = False
+    done: bool = False
+
+
+class _Handle:
+    def __init__(self, inflight: _Inflight) -> None:
+        self._inf = inflight
+        self.attempt = inflight.attempt
+
+    async def next(self, timeout: float) -> AttemptMessage | None:
+        q = self._inf.queue
+        if not q.empty():
+            return q.get_nowait()
+        try:
+            return await asyncio.wait_for(q.get(), timeout)
+        except TimeoutError:
+            return None
+
+
+class NatsDispatcher:
+    def __init__(self, nc: NATS, js: JetStreamContext, topo: Topology, gateway_id: str, metrics: Metrics,
+                 discovery_grace_s: float, sweep_interval_s: float) -> None:
+        self.nc = nc
+        self.js = js
+        self.topo = topo
+        self.gateway_id = gateway_id
+        self.registry = WorkerRegistry()
+        self.inflight: dict[str, _Inflight] = {}
+        self._started_at = time.monotonic()
+        self._grace = discovery_grace_s
+        self._sweep_interval = sweep_interval_s
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+        self.stale = metrics.counter(
+            "gateway_stale_messages_total", "Token messages dropped: unknown request or an old attempt"
+        )
+        self.workers_gauge = metrics.gauge("gateway_live_workers", "Ready workers seen by heartbeat", ("pool",))
+
+    async def start(self) -> None:
+        await self.nc.subscribe(self.topo.token_wildcard(self.gateway_id), cb=self._on_token)
+        await self.nc.subscribe(self.topo.alive_subject(self.gateway_id), cb=self._on_alive)
+        await self.nc.subscribe(self.topo.heartbeat_wildcard, cb=self._on_heartbeat)
+        self._sweeper = asyncio.create_task(self._sweep_loop(), name="worker-sweeper")
+
+    async def stop(self) -> None:
+        if self._sweeper:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+
+    def discovery_done(self) -> bool:
+        return time.monotonic() - self._started_at >= self._grace
+
+    # -- Dispatcher protocol -------------------------------------------------------------------
+    def live_workers(self, pool: str) -> int:
+        return self.registry.live_ready(pool)
+
+    async def wait_discovery(self) -> None:
+        remaining = self._grace - (time.monotonic() - self._started_at)
+        if remaining > 0:
+            await asyncio.sleep(remaining)
+
+    async def dispatch(self, req: InferenceRequest, route: RouteDecision) -> _Handle:
+        inf = _Inflight(attempt=req.attempt)
+        # Register before publishing: the first token can beat the publish ack.
+        self.inflight[req.request_id] = inf
+        req.reply_subject = self.topo.token_subject(self.gateway_id, req.request_id)
+        dep = route.deployment
+        subject = (
+            self.topo.worker_subject(dep.pool, route.worker_id)
+            if route.subject_kind == "worker" and route.worker_id
+            else self.topo.pool_subject(dep.pool)
+        )
+        await self.js.publish(
+            subject,
+            req.model_dump_json(exclude_none=True).encode(),
+            headers={"Nats-Msg-Id": attempt_msg_id(req.request_id, req.attempt)},
+            timeout=5,
+        )
+        return _Handle(inf)
+
+    def cancel(self, request_id: str, attempt: int | None, reason: str) -> None:
+        msg = CancelRequest(request_id=request_id, attempt=attempt, reason=reason)
+        self._spawn(self.nc.publish(self.topo.cancel_subject, msg.model_dump_json().encode()))
+
+    def release(self, request_id: str) -> None:
+        inf = self.inflight.pop(request_id, None)
+        if inf is not None:
+            inf.done = True
+
+    def record_attempt(self, event: AttemptEvent) -> None:
+        self._spawn(self._publish_event(self.topo.attempt_event_subject, event,
+                                        f"evt:{event.request_id}:{event.attempt}:{event.source}"))
+
+    def record_request(self, event: RequestEvent) -> None:
+        self._spawn(self._publish_event(self.topo.request_event_subject, event, f"req:{event.request_id}"))
+
+    # -- internals -------------------------------------------------------------------------------
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _publish_event(self, subject: str, event: AttemptEvent | RequestEvent, msg_id: str) -> None:
+        try:
+            await self.js.publish(subject, event.model_dump_json(exclude_none=True).encode(),
+                                  headers={"Nats-Msg-Id": msg_id}, timeout=5)
+        except Exception:
+            log.exception("could not publish event", extra={"request_id": event.request_id})
+
+    async def _on_token(self, msg: Msg) -> None:
+        request_id = msg.subject.rsplit(".", 1)[-1]
+        inf = self.inflight.get(request_id)
+        if inf is None:
+            self.stale.inc()
+            return
+        try:
+            m = STREAM_MESSAGE.validate_json(msg.data)
+        except ValidationError:
+            log.error("malformed token message dropped", extra={"request_id": request_id})
+            return
+        if m.attempt != inf.attempt:
+            self.stale.inc()  # a stale attempt never writes into the client's stream
+            return
+        if m.seq != inf.next_seq:
+            if m.seq < inf.next_seq:
+                return  # duplicate
+            inf.queue.put_nowait(StreamGap(inf.attempt, inf.next_seq, m.seq))
+            inf.next_seq = m.seq + 1
+            return
+        inf.next_seq += 1
+        if isinstance(m, StreamStarted):
+            inf.worker_id = m.worker_id
+        inf.queue.put_nowait(m)
+        if isinstance(m, StreamEnd | StreamError):
+            inf.done = True
+
+    async def _on_alive(self, msg: Msg) -> None:
+        try:
+            probe = AliveProbe.model_validate_json(msg.data)
+        except ValidationError:
+            return
+        inf = self.inflight.get(probe.request_id)
+        wanted = inf is not None and not inf.done and inf.attempt == probe.attempt and inf.worker_id is None
+        reply = AliveReply(request_id=probe.request_id, attempt=probe.attempt, wanted=wanted)
+        with contextlib.suppress(Exception):
+            await msg.respond(reply.model_dump_json().encode())
+
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        try:
+            hb = Heartbeat.model_validate_json(msg.data)
+        except ValidationError:
+            log.warning("malformed heartbeat dropped from %s", msg.subject)
+            return
+        self.registry.update(hb)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._sweep_interval)
+            for inf in list(self.inflight.values()):
+                if inf.worker_id and not inf.done and not inf.lost_reported and not self.registry.alive(inf.worker_id):
+                    inf.lost_reported = True
+                    inf.queue.put_nowait(WorkerLost(inf.attempt, inf.worker_id))
+            pools = {s.hb.pool for s in self.registry.workers.values()}
+            for pool in pools:
+                self.workers_gauge.labels(pool).set(self.registry.live_ready(pool))
+            self.registry.prune()

@@ -1,0 +1,312 @@
+"""Gateway domain logic: turn a validated OpenAI request into attempts, wait for a worker,
+retry before the first token, and relay the token stream. Imports neither FastAPI nor NATS:
+the NATS side is behind :class:`Dispatcher`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from llmlab_common.catalog import Catalog, Deployment
+from llmlab_common.errors import (
+    EngineError,
+    LLMLabError,
+    RateLimited,
+    ServiceUnavailable,
+    UpstreamTimeout,
+    error_from_info,
+)
+from llmlab_common.messages import (
+    AttemptEvent,
+    AttemptOutcome,
+    Endpoint,
+    ErrorInfo,
+    InferenceRequest,
+    Principal,
+    RequestEvent,
+    SamplingParams,
+    StreamEnd,
+    StreamError,
+    StreamStarted,
+    TokenChunk,
+)
+
+from llmlab_gateway.routing import RouteDecision, Router
+from llmlab_gateway.schemas import ChatCompletionRequest, CompletionRequest
+from llmlab_gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerLost:
+    """The worker that took the attempt stopped sending heartbeats."""
+
+    attempt: int
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class StreamGap:
+    """A token message went missing (sequence gap): the stream can no longer be trusted."""
+
+    attempt: int
+    expected: int
+    got: int
+
+
+AttemptMessage = StreamStarted | TokenChunk | StreamEnd | StreamError | WorkerLost | StreamGap
+
+
+class AttemptHandle(Protocol):
+    attempt: int
+
+    async def next(self, timeout: float) -> AttemptMessage | None:
+        """The attempt's next message in order, or None after ``timeout`` seconds of silence."""
+        ...
+
+
+class Dispatcher(Protocol):
+    def live_workers(self, pool: str) -> int: ...
+
+    async def wait_discovery(self) -> None: ...
+
+    async def dispatch(self, req: InferenceRequest, route: RouteDecision) -> AttemptHandle: ...
+
+    def cancel(self, request_id: str, attempt: int | None, reason: str) -> None: ...
+
+    def release(self, request_id: str) -> None: ...
+
+    def record_attempt(self, event: AttemptEvent) -> None: ...
+
+    def record_request(self, event: RequestEvent) -> None: ...
+
+
+@dataclass
+class CallContext:
+    request_id: str
+    endpoint: Endpoint
+    body: ChatCompletionRequest | CompletionRequest
+    principal: Principal
+    created_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class OpenedStream:
+    """A request whose first token (or whole answer) has arrived from some attempt."""
+
+    ctx: CallContext
+    deployment: Deployment
+    handle: AttemptHandle
+    first: TokenChunk | StreamEnd
+    idle_timeout_s: float
+    finished: bool = False
+    end: StreamEnd | None = None
+    attempts: int = 1
+
+    async def __aiter__(self) -> AsyncIterator[TokenChunk | StreamEnd]:
+        msg: AttemptMessage | None = self.first
+        while True:
+            if isinstance(msg, TokenChunk):
+                yield msg
+            elif isinstance(msg, StreamEnd):
+                self.finished = True
+                self.end = msg
+                yield msg
+                return
+            elif isinstance(msg, StreamError):
+                self.finished = True
+                raise error_from_info(msg.error)
+            elif isinstance(msg, WorkerLost):
+                raise EngineError(
+                    f"worker {msg.worker_id} was lost mid-generation; the partial answer cannot be resumed",
+                    code="worker_lost",
+                )
+            elif isinstance(msg, StreamGap):
+                raise EngineError(f"token stream lost messages (expected {msg.expected}, got {msg.got})",
+                                  code="stream_gap")
+            elif msg is None:
+                raise UpstreamTimeout(f"no tokens for {self.idle_timeout_s:.0f}s; giving up on the stream")
+            msg = await self.handle.next(self.idle_timeout_s)
+
+
+class CompletionService:
+    def __init__(self, settings: GatewaySettings, catalog: Catalog, router: Router, dispatcher: Dispatcher) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.router = router
+        self.dispatcher = dispatcher
+
+    def _queue_timeout(self, principal: Principal) -> float:
+        if self.settings.queue_timeout_s is not None:
+            return self.settings.queue_timeout_s
+        plan = self.catalog.plans.get(principal.plan)
+        slo = self.catalog.slo_classes.get(plan.slo_class) if plan else None
+        return slo.queue_timeout_s if slo else 10.0
+
+    def _max_tokens(self, ctx: CallContext, dep: Deployment) -> int:
+        requested = ctx.body.requested_max_tokens()
+        if requested is not None:
+            return requested
+        plan = self.catalog.plans.get(ctx.principal.plan)
+        return plan.default_max_tokens if plan else 256
+
+    def _build(self, ctx: CallContext, route: RouteDecision, attempt: int, queue_timeout: float) -> InferenceRequest:
+        body = ctx.body
+        dep = route.deployment
+        params = SamplingParams(
+            max_tokens=self._max_tokens(ctx, dep),
+            temperature=body.temperature,
+            top_p=body.top_p,
+            stop=body.stop_list(),
+            seed=body.seed,
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+            logit_bias=body.logit_bias,
+            user=body.user,
+        )
+        messages = prompt = None
+        if isinstance(body, ChatCompletionRequest):
+            messages = [m.model_dump(exclude_none=True) for m in body.messages]
+            if dep.supports_tools:
+                params.tools = body.tools
+                params.tool_choice = body.tool_choice
+                params.parallel_tool_calls = body.parallel_tool_calls
+            params.response_format = body.response_format
+        else:
+            prompt = body.prompt_text()
+        now = time.time()
+        return InferenceRequest(
+            request_id=ctx.request_id,
+            attempt=attempt,
+            gateway_id=self.settings.gateway_id,
+            reply_subject="",  # the dispatcher owns reply subjects
+            endpoint=ctx.endpoint,
+            model=dep.engine_model,
+            deployment=dep.id,
+            pool=dep.pool,
+            messages=messages,
+            prompt=prompt,
+            params=params,
+            principal=ctx.principal,
+            created_at=ctx.created_at,
+            dispatched_at=now,
+            start_deadline=now + queue_timeout,
+            deadline=ctx.created_at + self.settings.request_timeout_s,
+        )
+
+    async def open(self, ctx: CallContext) -> OpenedStream:
+        """Dispatch attempts until one produces its first token; errors are :class:`LLMLabError`."""
+        routes = self.router.route(ctx.body.model)
+        if isinstance(ctx.body, ChatCompletionRequest) and ctx.body.tools and not routes[0].deployment.supports_tools:
+            log.info("tools dropped: deployment %s does not support them", routes[0].deployment.id)
+        route = routes[0]
+        if self.dispatcher.live_workers(route.deployment.pool) == 0:
+            await self.dispatcher.wait_discovery()
+            routes = self.router.route(ctx.body.model)
+            route = routes[0]
+            if self.dispatcher.live_workers(route.deployment.pool) == 0:
+                raise ServiceUnavailable(
+                    f"No worker of pool '{route.deployment.pool}' (model '{route.deployment.model}') is running.",
+                )
+        log.info("route: %s", route.reason)
+        queue_timeout = self._queue_timeout(ctx.principal)
+        last_error: LLMLabError | None = None
+        for attempt in range(1, self.settings.max_attempts + 1):
+            req = self._build(ctx, route, attempt, queue_timeout)
+            handle = await self.dispatcher.dispatch(req, route)
+            opened, err = await self._await_first_token(ctx, req, handle, queue_timeout)
+            if opened is not None:
+                opened.attempts = attempt
+                return opened
+            assert err is not None
+            last_error = err
+            if not err.retryable:
+                raise err
+            log.warning("attempt %d failed before the first token (%s); retrying", attempt, err.message)
+        assert last_error is not None
+        raise EngineError(
+            f"{self.settings.max_attempts} attempts failed before the first token; last: {last_error.message}",
+            code=last_error.code,
+        )
+
+    async def _await_first_token(
+        self, ctx: CallContext, req: InferenceRequest, handle: AttemptHandle, queue_timeout: float
+    ) -> tuple[OpenedStream | None, LLMLabError | None]:
+        route_dep = next(d for d in self.catalog.deployments if d.id == req.deployment)
+        msg = await handle.next(queue_timeout)
+        if msg is None:
+            # Nobody took it in time: tell workers to drop it if they take it later (its start
+            # deadline says the same), and answer 429 so the client backs off.
+            self.dispatcher.cancel(req.request_id, req.attempt, "queue_timeout")
+            self._gateway_attempt_event(ctx, req, "abandoned", None, "queue wait exceeded")
+            raise RateLimited(
+                f"No capacity for '{route_dep.model}' within {queue_timeout:.1f}s (all workers busy); retry later.",
+                retry_after_s=queue_timeout,
+                code="queue_timeout",
+            )
+        worker_id = None
+        if isinstance(msg, StreamStarted):
+            worker_id = msg.worker_id
+            msg = await handle.next(self.settings.first_token_timeout_s)
+        if isinstance(msg, TokenChunk | StreamEnd):
+            return OpenedStream(ctx, route_dep, handle, msg, self.settings.stream_idle_timeout_s), None
+        if isinstance(msg, StreamError):
+            err = error_from_info(msg.error)
+            err.retryable = msg.retryable
+            return None, err
+        # Worker lost, timed out or the stream broke before the first token: retry elsewhere.
+        self.dispatcher.cancel(req.request_id, req.attempt, "retry")
+        why = "worker lost" if isinstance(msg, WorkerLost) else "no first token in time"
+        self._gateway_attempt_event(ctx, req, "worker_lost" if isinstance(msg, WorkerLost) else "abandoned",
+                                    worker_id, why)
+        err = EngineError(f"attempt {req.attempt}: {why}", code="worker_lost")
+        err.retryable = True
+        return None, err
+
+    def _gateway_attempt_event(
+        self, ctx: CallContext, req: InferenceRequest, outcome: AttemptOutcome, worker_id: str | None, why: str
+    ) -> None:
+        dep = next(d for d in self.catalog.deployments if d.id == req.deployment)
+        self.dispatcher.record_attempt(
+            AttemptEvent(
+                request_id=req.request_id,
+                attempt=req.attempt,
+                outcome=outcome,
+                source="gateway",
+                worker_id=worker_id,
+                pool=req.pool,
+                deployment=req.deployment,
+                model=dep.model,
+                endpoint=req.endpoint,
+                principal=ctx.principal,
+                error=ErrorInfo(status=0, type="attempt", code=outcome, message=why),
+                created_at=ctx.created_at,
+                ended_at=time.time(),
+            )
+        )
+
+    def close(self, opened: OpenedStream | None, ctx: CallContext, client_gone: bool) -> None:
+        """Always called when the HTTP exchange ends: cancels unfinished work, frees routing state."""
+        if opened is not None and not opened.finished:
+            self.dispatcher.cancel(ctx.request_id, None, "client_disconnected" if client_gone else "gateway_abort")
+        self.dispatcher.release(ctx.request_id)
+
+    def refused(
+        self, request_id: str, err: LLMLabError, created_at: float, model: str | None, principal: Principal | None
+    ) -> None:
+        self.dispatcher.record_request(
+            RequestEvent(
+                request_id=request_id,
+                status=err.status,
+                error=err.to_info(),
+                model=model,
+                principal=principal,
+                created_at=created_at,
+                ended_at=time.time(),
+            )
+        )
+

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from llmlab_common.settings import ServiceSettings
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+DEV_API_KEY = "sk-llmlab-dev"  # documented dev key; refused when LLMLAB_ENV=prod
+DEV_API_KEY_SHA256 = hashlib.sha256(DEV_API_KEY.encode()).hexdigest()
+
+
+class GatewaySettings(ServiceSettings):
+    """Env prefix ``LLMLAB_GATEWAY_``."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMLAB_GATEWAY_", extra="ignore")
+
+    port: int = 8080
+    gateway_id: str = Field(default_factory=lambda: f"gw-{secrets.token_hex(4)}")
+    # Stub authentication until the budget service owns keys: SHA-256 hashes of accepted keys.
+    api_key_sha256: list[str] = Field(default_factory=lambda: [DEV_API_KEY_SHA256])
+    auth_enabled: bool = True
+    dev_plan: str = "pro"  # plan given to keys of the stub authenticator
+    max_body_bytes: int = 4 * 1024 * 1024
+    # Bound on the wait in NATS before a worker takes the request; None = the SLO class's.
+    queue_timeout_s: float | None = None
+    # After a worker took it, how long to wait for the first token before trying another worker.
+    first_token_timeout_s: float = 120.0
+    # A stream with no message for this long is broken (workers send in-progress heartbeats).
+    stream_idle_timeout_s: float = 120.0
+    request_timeout_s: float = 600.0
+    max_attempts: int = Field(default=3, ge=1, le=5)
+    # Before any heartbeat can have arrived, do not answer 503 "no workers".
+    worker_discovery_grace_s: float = 2.0
+    worker_sweep_interval_s: float = 0.1
+
+    @model_validator(mode="after")
+    def _no_dev_key_in_prod(self) -> GatewaySettings:
+        if self.infra.env == "prod" and DEV_API_KEY_SHA256 in self.api_key_sha256:
+            raise ValueError("the dev API key is accepted; set LLMLAB_GATEWAY_API_KEY_SHA256 for LLMLAB_ENV=prod")
+        return self

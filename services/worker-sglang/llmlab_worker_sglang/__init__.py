@@ -1,0 +1,1 @@
+"""worker-sglang: the base worker lifecycle with the SGLang engine adapter."""

@@ -1,0 +1,21 @@
+"""What differs for SGLang: metric names (``python/sglang/srt/metrics/collector.py``; /metrics
+needs ``--enable-metrics``) and a ready-made cache hit-rate gauge."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from llmlab_worker.engine import MetricNames, OpenAIEngineAdapter
+
+
+class SglangAdapter(OpenAIEngineAdapter):
+    engine: ClassVar[str] = "sglang"
+    health_path: ClassVar[str] = "/health"
+    metric_names: ClassVar[MetricNames] = MetricNames(
+        running="sglang:num_running_reqs",
+        waiting="sglang:num_queue_reqs",
+        kv_cache_usage="sglang:token_usage",
+        queue_time_sum="sglang:queue_time_seconds_sum",
+        queue_time_count="sglang:queue_time_seconds_count",
+        prefix_hit_rate="sglang:cache_hit_rate",
+    )

@@ -1,0 +1,1 @@
+"""worker-vllm: the base worker lifecycle with the vLLM engine adapter."""
