@@ -349,6 +349,7 @@ class Worker:
         try:
             if self._is_cancelled(req):
                 outcome = "cancelled"
+                log.info("dropping attempt %d: cancelled before it started", req.attempt)
                 return
             if taken_wall > req.start_deadline:
                 outcome = "expired"
@@ -360,6 +361,7 @@ class Worker:
                 log.info("dropping redelivered attempt %d: its gateway no longer waits for it", req.attempt)
                 return
             self.m.nats_queue.observe(clock.nats_queue_s)
+            log.debug("took attempt %d (%.1f ms in NATS)", req.attempt, clock.nats_queue_s * 1000)
             self._publish_stream(
                 req,
                 StreamStarted(

@@ -109,6 +109,7 @@ class PullFeeder:
             self._done.clear()
             req = {"batch": k, "expires": int(self.expires_s * 1e9)}
             try:
+                log.debug("pull %s batch=%d", self._next_subject, k)
                 await self.nc.publish(self._next_subject, json.dumps(req).encode(), reply=self._inbox)
                 # The server ends the pull with a status (408 on expiry) after its messages.
                 await asyncio.wait_for(self._done.wait(), self.expires_s + 2.0)
@@ -127,6 +128,7 @@ class PullFeeder:
     async def _on_msg(self, msg: Msg) -> None:
         status = msg.headers.get(STATUS_HDR) if msg.headers else None
         if status is not None:
+            log.debug("pull status %s on %s (remaining %d)", status, self._next_subject, self._remaining)
             if status != "100":  # 100 = idle heartbeat; 404/408/409 end the pull
                 self._done.set()
             return
