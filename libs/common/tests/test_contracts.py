@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+
+import pytest
+
+from llmlab_common.errors import InvalidRequest, RateLimited, ServiceUnavailable, error_from_info
+from llmlab_common.messages import STREAM_MESSAGE, StreamEnd, Timings, TokenChunk, Usage
+from llmlab_common.metrics import Metrics, parse_prometheus_text
+from llmlab_common.subjects import Topology, attempt_msg_id
+
+pytestmark = pytest.mark.unit
+
+
+def test_subjects_are_namespaced_and_pool_filters_never_overlap() -> None:
+    t = Topology("abc")
+    assert t.pool_subject("p1") == "abc.req.pool.p1"
+    assert t.worker_subject("p1", "w1") == "abc.req.worker.p1.w1"
+    assert t.requests_stream == "ABC_REQUESTS"
+    # a work-queue stream refuses overlapping consumer filters: pool vs worker subjects differ in
+    # their second token, so no wildcard of one can match the other
+    assert not t.worker_subject("p1", "w1").startswith(t.pool_subject("p1"))
+    with pytest.raises(ValueError):
+        t.pool_subject("bad.pool")
+    with pytest.raises(ValueError):
+        t.token_subject("gw", "id>")
+
+
+def test_retry_attempts_get_distinct_dedup_ids() -> None:
+    assert attempt_msg_id("r", 1) != attempt_msg_id("r", 2)
+
+
+def test_stream_messages_round_trip_by_kind() -> None:
+    chunk = TokenChunk(request_id="r", attempt=2, seq=3, text="hi", token_times=[0.1, 0.15])
+    end = StreamEnd(request_id="r", attempt=2, seq=4, finish_reason="length", usage=Usage(prompt_tokens=3),
+                    timings=Timings(nats_queue_s=0.001, e2e_s=1.0))
+    assert STREAM_MESSAGE.validate_json(chunk.model_dump_json()) == chunk
+    assert STREAM_MESSAGE.validate_json(end.model_dump_json()) == end
+    assert chunk.schema_version == 1
+
+
+def test_errors_have_openai_shape_and_retry_after() -> None:
+    body = InvalidRequest("bad", param="n").to_openai()
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    rl = RateLimited("busy", retry_after_s=4.4)
+    assert rl.status == 429 and rl.headers["Retry-After"] == "4"
+    assert error_from_info(ServiceUnavailable("x").to_info()).status == 503
+
+
+def test_metrics_enforce_conventions_and_parse_back() -> None:
+    m = Metrics("t")
+    with pytest.raises(ValueError):
+        m.counter("requests", "no _total suffix")
+    c = m.counter("requests_total", "ok", ("status",))
+    c.labels("200").inc(3)
+    body, _ = m.render()
+    assert parse_prometheus_text(body.decode())["t_requests_total"] == 3
+    text = 'vllm:num_requests_running{engine="0",model_name="x"} 2.0\nvllm:num_requests_running{engine="1"} 1\n'
+    assert parse_prometheus_text(text)["vllm:num_requests_running"] == 3.0

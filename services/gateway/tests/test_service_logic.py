@@ -1,0 +1,171 @@
+"""Domain logic of the gateway with an in-memory dispatcher (pure unit tests; the same paths
+run against real NATS and workers in tests/e2e)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from llmlab_common.catalog import load_catalog
+from llmlab_common.errors import EngineError, InvalidRequest, ModelNotFound, RateLimited, ServiceUnavailable
+from llmlab_common.messages import (
+    AttemptEvent,
+    ErrorInfo,
+    InferenceRequest,
+    Principal,
+    RequestEvent,
+    StreamEnd,
+    StreamError,
+    StreamStarted,
+    Timings,
+    TokenChunk,
+    Usage,
+)
+from llmlab_common.settings import DEFAULT_CATALOG
+from llmlab_gateway.routing import RouteDecision, StaticRouter
+from llmlab_gateway.schemas import ChatCompletionRequest
+from llmlab_gateway.service import AttemptMessage, CallContext, CompletionService, WorkerLost
+from llmlab_gateway.settings import GatewaySettings
+
+pytestmark = pytest.mark.unit
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+@dataclass
+class _Handle:
+    attempt: int
+    script: list[AttemptMessage | None]
+
+    async def next(self, timeout: float) -> AttemptMessage | None:
+        if not self.script:
+            await asyncio.sleep(min(timeout, 0.01))
+            return None
+        return self.script.pop(0)
+
+
+@dataclass
+class FakeDispatcher:
+    workers: int = 1
+    scripts: list[list[AttemptMessage | None]] = field(default_factory=list)
+    dispatched: list[InferenceRequest] = field(default_factory=list)
+    cancels: list[tuple[str, int | None, str]] = field(default_factory=list)
+    attempt_events: list[AttemptEvent] = field(default_factory=list)
+    request_events: list[RequestEvent] = field(default_factory=list)
+
+    def live_workers(self, pool: str) -> int:
+        return self.workers
+
+    async def wait_discovery(self) -> None:
+        return None
+
+    async def dispatch(self, req: InferenceRequest, route: RouteDecision) -> _Handle:
+        self.dispatched.append(req)
+        return _Handle(req.attempt, self.scripts.pop(0))
+
+    def cancel(self, request_id: str, attempt: int | None, reason: str) -> None:
+        self.cancels.append((request_id, attempt, reason))
+
+    def release(self, request_id: str) -> None: ...
+
+    def record_attempt(self, event: AttemptEvent) -> None:
+        self.attempt_events.append(event)
+
+    def record_request(self, event: RequestEvent) -> None:
+        self.request_events.append(event)
+
+
+def _started(a: int, w: str = "w1") -> StreamStarted:
+    return StreamStarted(request_id="r", attempt=a, seq=0, worker_id=w, engine="vllm", nats_queue_s=0.0)
+
+
+def _tok(a: int, seq: int, text: str) -> TokenChunk:
+    return TokenChunk(request_id="r", attempt=a, seq=seq, text=text, token_times=[0.1])
+
+
+def _end(a: int, seq: int) -> StreamEnd:
+    return StreamEnd(request_id="r", attempt=a, seq=seq, finish_reason="length", usage=Usage(completion_tokens=2),
+                     timings=Timings(nats_queue_s=0, e2e_s=0.1))
+
+
+def _service(d: FakeDispatcher, **kw: object) -> CompletionService:
+    settings = GatewaySettings(queue_timeout_s=0.05, first_token_timeout_s=0.05, **kw)  # type: ignore[arg-type]
+    catalog = load_catalog(DEFAULT_CATALOG)
+    return CompletionService(settings, catalog, StaticRouter(catalog, d.live_workers), d)
+
+
+def _ctx(model: str = MODEL, **body: object) -> CallContext:
+    req = ChatCompletionRequest.model_validate({"model": model, "messages": [{"role": "user", "content": "hi"}],
+                                                **body})
+    return CallContext("r", "chat", req, Principal(plan="free"), time.time())
+
+
+async def _drain(opened: object) -> list[str]:
+    return [m.text async for m in opened if isinstance(m, TokenChunk)]  # type: ignore[attr-defined]
+
+
+async def test_happy_path_uses_plan_default_max_tokens_and_relays_in_order() -> None:
+    d = FakeDispatcher(scripts=[[_started(1), _tok(1, 1, "a"), _tok(1, 2, "b"), _end(1, 3)]])
+    opened = await _service(d).open(_ctx())
+    assert await _drain(opened) == ["a", "b"]
+    assert opened.end is not None and opened.end.finish_reason == "length"
+    req = d.dispatched[0]
+    assert req.params.max_tokens == 256  # plan "free" default
+    assert req.start_deadline - req.dispatched_at == pytest.approx(0.05)
+    assert req.model == MODEL and req.pool == "gpu-vllm"
+
+
+async def test_queue_timeout_is_429_with_retry_after_and_cancels_the_attempt() -> None:
+    d = FakeDispatcher(scripts=[[None]])
+    with pytest.raises(RateLimited) as exc:
+        await _service(d).open(_ctx())
+    assert "Retry-After" in exc.value.headers
+    assert d.cancels == [("r", 1, "queue_timeout")]
+    assert [e.outcome for e in d.attempt_events] == ["abandoned"]
+
+
+async def test_no_worker_is_503() -> None:
+    with pytest.raises(ServiceUnavailable):
+        await _service(FakeDispatcher(workers=0)).open(_ctx())
+
+
+async def test_unknown_model_is_404() -> None:
+    with pytest.raises(ModelNotFound):
+        await _service(FakeDispatcher()).open(_ctx(model="gpt-9"))
+
+
+async def test_worker_lost_before_first_token_retries_as_next_attempt() -> None:
+    d = FakeDispatcher(scripts=[[_started(1), WorkerLost(1, "w1")], [_started(2, "w2"), _tok(2, 1, "x"), _end(2, 2)]])
+    opened = await _service(d).open(_ctx())
+    assert await _drain(opened) == ["x"]
+    assert [r.attempt for r in d.dispatched] == [1, 2]
+    assert opened.attempts == 2
+    assert ("r", 1, "retry") in d.cancels
+    assert [e.outcome for e in d.attempt_events] == ["worker_lost"]
+
+
+async def test_retries_are_bounded() -> None:
+    lost = [[_started(a), WorkerLost(a, "w")] for a in (1, 2, 3)]
+    d = FakeDispatcher(scripts=lost)
+    with pytest.raises(EngineError, match="3 attempts failed"):
+        await _service(d, max_attempts=3).open(_ctx())
+    assert len(d.dispatched) == 3
+
+
+async def test_engine_rejection_is_not_retried() -> None:
+    err = StreamError(request_id="r", attempt=1, seq=1, before_first_token=True, retryable=False,
+                      error=ErrorInfo(status=400, type="invalid_request_error", code="engine_rejected",
+                                      message="prompt too long"))
+    d = FakeDispatcher(scripts=[[_started(1), err]])
+    with pytest.raises(InvalidRequest):
+        await _service(d).open(_ctx())
+    assert len(d.dispatched) == 1
+
+
+async def test_worker_lost_mid_stream_ends_with_error() -> None:
+    d = FakeDispatcher(scripts=[[_started(1), _tok(1, 1, "a"), WorkerLost(1, "w1")]])
+    opened = await _service(d).open(_ctx())
+    with pytest.raises(EngineError, match="lost mid-generation"):
+        await _drain(opened)
