@@ -1,0 +1,93 @@
+"""Workers scale separately: a pool's workers share its load, pools never see each other's
+requests, a worker that dies before the first token is replaced by a retry."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from helpers import LLAMA, QWEN, client, eventually, metric, sim_stats
+
+from llmlab_common.messages import TokenChunk
+from llmlab_common.natsio import connect
+from llmlab_common.subjects import Topology
+from llmlab_testkit.fixtures import DEV_KEY
+from llmlab_testkit.procs import Stack, url
+
+pytestmark = pytest.mark.e2e
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+async def test_two_workers_share_a_pool_and_other_pools_see_nothing(stack: Stack) -> None:
+    sv = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=10, output_len=20)
+    ss = stack.sim("sglang", QWEN, ttft_ms=20, itl_ms=10, output_len=20)
+    a = stack.worker("vllm", "gpu-vllm", url(sv), max_concurrency=3)
+    b = stack.worker("vllm", "gpu-vllm", url(sv), max_concurrency=3)
+    other = stack.worker("sglang", "gpu-sglang", url(ss), max_concurrency=3)
+    gw = stack.gateway(queue_timeout_s=20)
+    c = client(gw)
+    results = await asyncio.gather(*[
+        c.chat.completions.create(model=LLAMA, messages=HELLO, max_tokens=20) for _ in range(12)])
+    assert all(r.choices[0].finish_reason in ("stop", "length") for r in results)
+    done = "llmlab_worker_attempts_total"
+    na, nb = metric(a, done, outcome="completed"), metric(b, done, outcome="completed")
+    assert na + nb == 12 and na >= 3 and nb >= 3, (na, nb)  # 12 requests > 3 slots: both must work
+    assert metric(other, done) == 0
+    assert sim_stats(ss)["received"] == 0
+    r = await c.chat.completions.create(model=QWEN, messages=HELLO, max_tokens=4)
+    assert r.usage is not None and r.usage.completion_tokens == 4
+    assert metric(other, done, outcome="completed") == 1
+    assert metric(a, done) + metric(b, done) == 12
+
+
+async def test_worker_dying_before_first_token_is_retried_as_attempt_2(stack: Stack) -> None:
+    # A long prefill keeps the attempt before its first token while we kill the worker.
+    sim = stack.sim("vllm", LLAMA, ttft_ms=1500, itl_ms=50, output_len=40)
+    fast_redelivery = {"LLMLAB_WORKER_ACK_WAIT_S": "2"}
+    doomed = stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, env=fast_redelivery)
+    gw = stack.gateway(env={"LLMLAB_GATEWAY_GATEWAY_ID": "gwretry"})
+    topo = Topology(stack.namespace)
+    request_id: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    call = asyncio.create_task(_stream_chat(url(gw), request_id))
+    await eventually(lambda: sim_stats(sim)["received"] == 1, what="attempt 1 on the engine")
+    doomed.kill()  # SIGKILL: no drain, no ack, heartbeats stop
+    survivor = stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, env=fast_redelivery)
+    # Headers arrive with attempt 2's first token; a forged late token of attempt 1 published
+    # now must never reach the client.
+    rid = await asyncio.wait_for(request_id, 20)
+    nc = await connect(stack.nats_url, "forger")
+    stale = TokenChunk(request_id=rid, attempt=1, seq=1, text=" STALE-ATTEMPT-1", token_times=[0.0])
+    await nc.publish(topo.token_subject("gwretry", rid), stale.model_dump_json().encode())
+    await nc.flush()
+    await nc.close()
+    status, text, finish = await call
+    assert status == 200
+    assert finish == "stop" and text.strip() and "STALE" not in text
+    assert metric(gw, "llmlab_gateway_retries_total") == 1
+    assert metric(gw, "llmlab_gateway_stale_messages_total") >= 1
+    # JetStream redelivers the unacked attempt 1 (attempt 2 had its own Nats-Msg-Id, so it was not
+    # deduplicated): the survivor asks the gateway, learns nobody waits for it, and drops it.
+    await eventually(lambda: metric(survivor, "llmlab_worker_attempts_total", outcome="stale") == 1, timeout=15,
+                     what="redelivered attempt 1 dropped as stale")
+    assert metric(survivor, "llmlab_worker_attempts_total", outcome="completed") == 1
+    assert sim_stats(sim)["received"] == 2
+
+
+async def _stream_chat(base: str, request_id: asyncio.Future[str]) -> tuple[int, str, str | None]:
+    text, finish = [], None
+    async with httpx.AsyncClient(timeout=30) as h, h.stream(
+        "POST", base + "/v1/chat/completions", headers={"Authorization": f"Bearer {DEV_KEY}"},
+        json={"model": LLAMA, "messages": HELLO, "max_tokens": 50, "stream": True},
+    ) as resp:
+        request_id.set_result(resp.headers["x-request-id"])
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            obj = json.loads(line[6:])
+            assert "error" not in obj, obj
+            choice = obj["choices"][0]
+            text.append(choice["delta"].get("content") or "")
+            finish = choice["finish_reason"] or finish
+        return resp.status_code, "".join(text), finish
