@@ -14,8 +14,8 @@ LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 QWEN = "Qwen/Qwen3-32B"
 
 
-def client(gw: ManagedProcess, **kw: object) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=url(gw) + "/v1", api_key=DEV_KEY, max_retries=0, **kw)  # type: ignore[arg-type]
+def client(gw: ManagedProcess, api_key: str = DEV_KEY) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url(gw) + "/v1", api_key=api_key, max_retries=0)
 
 
 def metric(p: ManagedProcess, name: str, **labels: str) -> float:

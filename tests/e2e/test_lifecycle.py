@@ -1,0 +1,79 @@
+"""Worker and gateway lifecycle: engine loss, drain on SIGTERM, long generations, events."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+from helpers import LLAMA, client, eventually, metric, sim_stats
+
+from llmlab_common.messages import AttemptEvent, RequestEvent
+from llmlab_testkit.natsclient import WorkerClient
+from llmlab_testkit.procs import Stack, url
+
+pytestmark = pytest.mark.e2e
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+async def test_worker_that_loses_its_engine_stops_pulling_and_reports_unready(stack: Stack) -> None:
+    sim = stack.sim("vllm", LLAMA)
+    w = stack.worker("vllm", "gpu-vllm", url(sim), heartbeat_s=0.2)
+    gw = stack.gateway()
+    assert (await client(gw).chat.completions.create(model=LLAMA, messages=HELLO, max_tokens=2)).choices
+    sim.kill()
+    await eventually(lambda: httpx.get(url(w) + "/ready").status_code == 503, timeout=5, what="worker unready")
+    assert metric(w, "llmlab_worker_engine_ready") == 0
+    # the gateway sees no ready worker of the pool: a clear 503, not a hang
+    with pytest.raises(openai.InternalServerError) as exc:
+        await client(gw).chat.completions.create(model=LLAMA, messages=HELLO, max_tokens=2)
+    assert exc.value.status_code == 503
+
+
+async def test_sigterm_drains_a_worker_without_cutting_its_stream(stack: Stack) -> None:
+    sim = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=20, output_len=60)  # ~1.2 s
+    w = stack.worker("vllm", "gpu-vllm", url(sim))
+    gw = stack.gateway()
+    call = asyncio.create_task(client(gw).chat.completions.create(model=LLAMA, messages=HELLO, max_tokens=60))
+    await eventually(lambda: sim_stats(sim)["running"] == 1, what="generation running")
+    stopper = asyncio.create_task(asyncio.to_thread(w.stop, 15))
+    r = await call
+    assert r.choices[0].finish_reason == "stop" and r.usage is not None and r.usage.completion_tokens == 60
+    # uvicorn re-raises SIGTERM after its graceful shutdown, hence -15 rather than 0
+    assert await stopper in (0, -15)
+    assert "drained" in w.logs() and "Traceback" not in w.logs()
+
+
+async def test_long_generation_is_not_redelivered(stack: Stack) -> None:
+    # ack_wait 1 s, generation ~3 s: in-progress acks keep JetStream from redelivering it.
+    sim = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=30, output_len=100)
+    w = stack.worker("vllm", "gpu-vllm", url(sim), env={"LLMLAB_WORKER_ACK_WAIT_S": "1"}, heartbeat_s=0.2)
+    gw = stack.gateway()
+    r = await client(gw).chat.completions.create(model=LLAMA, messages=HELLO, max_tokens=100)
+    assert r.usage is not None and r.usage.completion_tokens == 100
+    await asyncio.sleep(1.5)
+    assert sim_stats(sim)["received"] == 1
+    assert metric(w, "llmlab_worker_attempts_total") == 1
+
+
+async def test_events_one_per_attempt_and_one_per_refused_request(stack: Stack) -> None:
+    sim = stack.sim("vllm", LLAMA)
+    stack.worker("vllm", "gpu-vllm", url(sim))
+    gw = stack.gateway()
+    c = client(gw)
+    ok = await c.chat.completions.with_raw_response.create(model=LLAMA, messages=HELLO, max_tokens=3)
+    rid_ok = ok.headers["x-request-id"]
+    with pytest.raises(openai.NotFoundError):
+        await c.chat.completions.create(model="nope", messages=HELLO)
+    with pytest.raises(openai.AuthenticationError):
+        await client(gw, api_key="sk-bad").chat.completions.create(model=LLAMA, messages=HELLO)
+    async with WorkerClient(stack.namespace) as wc:
+        await asyncio.sleep(0.3)
+        attempts = [AttemptEvent.model_validate_json(b) for b in await wc.events(wc.topo.attempt_event_subject, 1)]
+        refused = [RequestEvent.model_validate_json(b) for b in await wc.events(wc.topo.request_event_subject, 1)]
+    assert [(e.request_id, e.attempt, e.outcome) for e in attempts] == [(rid_ok, 1, "completed")]
+    assert attempts[0].usage is not None and attempts[0].usage.completion_tokens == 3
+    assert attempts[0].timings is not None and attempts[0].timings.ttft_s is not None
+    assert sorted(e.status for e in refused) == [401, 404]
+    assert all(e.error.message for e in refused)
