@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 import httpx
 import openai
-
 from llmlab_testkit.fixtures import DEV_KEY
 from llmlab_testkit.procs import ManagedProcess, url
 

@@ -9,7 +9,6 @@ import httpx
 import openai
 import pytest
 from helpers import LLAMA, QWEN, client, eventually, metric, sim_stats
-
 from llmlab_testkit.fixtures import DEV_KEY
 from llmlab_testkit.procs import Stack, url
 
@@ -37,8 +36,12 @@ async def test_saturated_pool_is_429_with_retry_after_and_never_generated_later(
     await eventually(lambda: metric(w, "llmlab_worker_in_flight_requests") == 1, what="worker busy")
     t0 = time.monotonic()
     async with httpx.AsyncClient() as h:
-        r = await h.post(url(gw) + "/v1/chat/completions", headers=AUTH, timeout=10,
-                         json={"model": LLAMA, "messages": HELLO, "max_tokens": 5, "stream": True})
+        r = await h.post(
+            url(gw) + "/v1/chat/completions",
+            headers=AUTH,
+            timeout=10,
+            json={"model": LLAMA, "messages": HELLO, "max_tokens": 5, "stream": True},
+        )
     waited = time.monotonic() - t0
     assert r.status_code == 429
     assert int(r.headers["retry-after"]) >= 1
@@ -47,8 +50,14 @@ async def test_saturated_pool_is_429_with_retry_after_and_never_generated_later(
     done = await busy
     assert done.choices[0].finish_reason == "stop"
     # The abandoned message is taken once the worker frees up and dropped, never generated.
-    await eventually(lambda: metric(w, "llmlab_worker_attempts_total", outcome="cancelled")
-                     + metric(w, "llmlab_worker_attempts_total", outcome="expired") == 1, what="drop of the 429'd attempt")
+    await eventually(
+        lambda: (
+            metric(w, "llmlab_worker_attempts_total", outcome="cancelled")
+            + metric(w, "llmlab_worker_attempts_total", outcome="expired")
+            == 1
+        ),
+        what="drop of the 429'd attempt",
+    )
     await asyncio.sleep(0.3)
     assert sim_stats(sim)["received"] == 1
 
@@ -57,10 +66,16 @@ async def test_client_disconnect_stops_generation_on_the_engine(stack: Stack) ->
     sim = stack.sim("sglang", QWEN, ttft_ms=20, itl_ms=20, output_len=2000)
     stack.worker("sglang", "gpu-sglang", url(sim))
     gw = stack.gateway()
-    async with httpx.AsyncClient() as h, h.stream(
-        "POST", url(gw) + "/v1/chat/completions", headers=AUTH, timeout=30,
-        json={"model": QWEN, "messages": HELLO, "max_tokens": 2000, "stream": True},
-    ) as r:
+    async with (
+        httpx.AsyncClient() as h,
+        h.stream(
+            "POST",
+            url(gw) + "/v1/chat/completions",
+            headers=AUTH,
+            timeout=30,
+            json={"model": QWEN, "messages": HELLO, "max_tokens": 2000, "stream": True},
+        ) as r,
+    ):
         assert r.status_code == 200
         n = 0
         async for line in r.aiter_lines():
@@ -88,11 +103,17 @@ async def test_bad_input_gets_openai_shaped_4xx(stack: Stack) -> None:
         ({"json": {"model": LLAMA, "messages": HELLO, "temperature": "hot"}, "headers": AUTH}, 400, "invalid_value"),
         ({"json": {"model": "gpt-17", "messages": HELLO}, "headers": AUTH}, 404, "model_not_found"),
         ({"json": {"model": "gpt-17", "messages": HELLO, "stream": True}, "headers": AUTH}, 404, "model_not_found"),
-        ({"json": {"model": LLAMA, "messages": [{"role": "user", "content": "x" * 30000}]}, "headers": AUTH},
-         413, "request_too_large"),
+        (
+            {"json": {"model": LLAMA, "messages": [{"role": "user", "content": "x" * 30000}]}, "headers": AUTH},
+            413,
+            "request_too_large",
+        ),
         ({"json": {"model": LLAMA, "messages": HELLO}}, 401, "missing_api_key"),
-        ({"json": {"model": LLAMA, "messages": HELLO}, "headers": {"Authorization": "Bearer sk-wrong"}}, 401,
-         "invalid_api_key"),
+        (
+            {"json": {"model": LLAMA, "messages": HELLO}, "headers": {"Authorization": "Bearer sk-wrong"}},
+            401,
+            "invalid_api_key",
+        ),
     ]
     async with httpx.AsyncClient(timeout=10) as h:
         for kwargs, status, code in cases:
@@ -117,4 +138,5 @@ async def test_engine_rejection_is_a_client_error_not_5xx(stack: Stack) -> None:
     gw = stack.gateway()
     with pytest.raises(openai.BadRequestError):
         await client(gw).chat.completions.create(
-            model=LLAMA, messages=[{"role": "user", "content": "word " * 200}], max_tokens=3)
+            model=LLAMA, messages=[{"role": "user", "content": "word " * 200}], max_tokens=3
+        )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import httpx
 import pytest
 from helpers import LLAMA, QWEN, client
-
 from llmlab_testkit.procs import Stack, url
 
 pytestmark = pytest.mark.e2e
@@ -26,8 +25,9 @@ async def test_chat_streaming_and_unary(both_flavours: Stack, model: str) -> Non
     gw = both_flavours.procs[-1]
     c = client(gw)
     # unary, cut by max_tokens → length
-    r = await c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hello there"}],
-                                        max_tokens=10)
+    r = await c.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hello there"}], max_tokens=10
+    )
     assert r.id.startswith("chatcmpl-") and r.object == "chat.completion" and r.model == model
     assert r.choices[0].finish_reason == "length"
     assert r.choices[0].message.role == "assistant" and r.choices[0].message.content
@@ -35,8 +35,13 @@ async def test_chat_streaming_and_unary(both_flavours: Stack, model: str) -> Non
     assert r.usage.prompt_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + 10
 
     # streamed, the engine stops by itself (output_len 24 < max_tokens) → stop, usage last
-    stream = await c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hello there"}],
-                                             max_tokens=100, stream=True, stream_options={"include_usage": True})
+    stream = await c.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Hello there"}],
+        max_tokens=100,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     roles, parts, finishes, usages, ids = [], [], [], [], set()
     async for ch in stream:
         ids.add(ch.id)
@@ -75,14 +80,20 @@ async def test_request_id_header_models_list_and_aliases(both_flavours: Stack) -
     gw = both_flavours.procs[-1]
     c = client(gw)
     raw = await c.chat.completions.with_raw_response.create(
-        model="auto", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        model="auto", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
     assert len(raw.headers["x-request-id"]) >= 16
     assert raw.parse().model == LLAMA  # alias resolved through the catalog
     models = await c.models.list()
     assert {LLAMA, QWEN} <= {m.id for m in models.data}
     # curl-style raw SSE ends with [DONE]
     async with httpx.AsyncClient() as h:
-        body = (await h.post(url(gw) + "/v1/chat/completions", headers={"Authorization": "Bearer sk-llmlab-dev"},
-                             json={"model": QWEN, "messages": [{"role": "user", "content": "x"}], "max_tokens": 3,
-                                   "stream": True}, timeout=30)).text
+        body = (
+            await h.post(
+                url(gw) + "/v1/chat/completions",
+                headers={"Authorization": "Bearer sk-llmlab-dev"},
+                json={"model": QWEN, "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "stream": True},
+                timeout=30,
+            )
+        ).text
     assert body.rstrip().endswith("data: [DONE]")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import httpx
 import pytest
 from helpers import client, eventually
-
 from llmlab_testkit.fixtures import DEV_KEY
 from llmlab_testkit.procs import Stack, url
 from llmlab_testkit.vllm import SERVED_NAME, vllm_gauge
@@ -17,14 +16,21 @@ async def test_sdk_streaming_and_unary_through_the_stack(stack: Stack, vllm_url:
     stack.worker("vllm", "cpu-vllm", vllm_url)
     gw = stack.gateway()
     c = client(gw)
-    r = await c.chat.completions.create(model=SERVED_NAME, messages=[{"role": "user", "content": "Name a fruit."}],
-                                        max_tokens=6, temperature=0)
+    r = await c.chat.completions.create(
+        model=SERVED_NAME, messages=[{"role": "user", "content": "Name a fruit."}], max_tokens=6, temperature=0
+    )
     assert r.choices[0].finish_reason == "length" and r.choices[0].message.content
     assert r.usage is not None and r.usage.completion_tokens == 6 and r.usage.prompt_tokens > 5
 
     stream = await c.chat.completions.create(
-        model="cheap", messages=[{"role": "user", "content": "Count: 1, 2, 3"}], max_tokens=30, temperature=0,
-        stop=["\n"], stream=True, stream_options={"include_usage": True})
+        model="cheap",
+        messages=[{"role": "user", "content": "Count: 1, 2, 3"}],
+        max_tokens=30,
+        temperature=0,
+        stop=["\n"],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     parts, finish, usage = [], None, None
     async for ch in stream:
         if ch.usage:
@@ -38,24 +44,35 @@ async def test_sdk_streaming_and_unary_through_the_stack(stack: Stack, vllm_url:
     if finish == "stop":
         assert usage.completion_tokens < 30
 
-    comp = await c.completions.create(model=SERVED_NAME, prompt="The capital of France is", max_tokens=4,
-                                      temperature=0)
+    comp = await c.completions.create(model=SERVED_NAME, prompt="The capital of France is", max_tokens=4, temperature=0)
     assert comp.choices[0].text and comp.usage is not None and comp.usage.completion_tokens == 4
 
 
 async def test_client_disconnect_stops_real_vllm(stack: Stack, vllm_url: str) -> None:
     stack.worker("vllm", "cpu-vllm", vllm_url)
     gw = stack.gateway()
-    async with httpx.AsyncClient() as h, h.stream(
-        "POST", url(gw) + "/v1/completions", headers={"Authorization": f"Bearer {DEV_KEY}"}, timeout=60,
-        json={"model": SERVED_NAME, "prompt": "Once upon a time, in a land far away,", "max_tokens": 1500,
-              "temperature": 0, "stream": True},
-    ) as r:
+    async with (
+        httpx.AsyncClient() as h,
+        h.stream(
+            "POST",
+            url(gw) + "/v1/completions",
+            headers={"Authorization": f"Bearer {DEV_KEY}"},
+            timeout=60,
+            json={
+                "model": SERVED_NAME,
+                "prompt": "Once upon a time, in a land far away,",
+                "max_tokens": 1500,
+                "temperature": 0,
+                "stream": True,
+            },
+        ) as r,
+    ):
         n = 0
         async for line in r.aiter_lines():
             n += line.startswith("data:")
             if n >= 4:
                 break
         assert vllm_gauge(vllm_url, "vllm:num_requests_running") == 1
-    await eventually(lambda: vllm_gauge(vllm_url, "vllm:num_requests_running") == 0, timeout=10,
-                     what="vLLM aborts the request")
+    await eventually(
+        lambda: vllm_gauge(vllm_url, "vllm:num_requests_running") == 0, timeout=10, what="vLLM aborts the request"
+    )

@@ -9,7 +9,6 @@ import json
 import httpx
 import pytest
 from helpers import LLAMA, QWEN, client, eventually, metric, sim_stats
-
 from llmlab_common.messages import TokenChunk
 from llmlab_common.natsio import connect
 from llmlab_common.subjects import Topology
@@ -28,8 +27,9 @@ async def test_two_workers_share_a_pool_and_other_pools_see_nothing(stack: Stack
     other = stack.worker("sglang", "gpu-sglang", url(ss), max_concurrency=3)
     gw = stack.gateway(queue_timeout_s=20)
     c = client(gw)
-    results = await asyncio.gather(*[
-        c.chat.completions.create(model=LLAMA, messages=HELLO, max_tokens=20) for _ in range(12)])
+    results = await asyncio.gather(
+        *[c.chat.completions.create(model=LLAMA, messages=HELLO, max_tokens=20) for _ in range(12)]
+    )
     assert all(r.choices[0].finish_reason in ("stop", "length") for r in results)
     done = "llmlab_worker_attempts_total"
     na, nb = metric(a, done, outcome="completed"), metric(b, done, outcome="completed")
@@ -69,18 +69,26 @@ async def test_worker_dying_before_first_token_is_retried_as_attempt_2(stack: St
     assert metric(gw, "llmlab_gateway_stale_messages_total") >= 1
     # JetStream redelivers the unacked attempt 1 (attempt 2 had its own Nats-Msg-Id, so it was not
     # deduplicated): the survivor asks the gateway, learns nobody waits for it, and drops it.
-    await eventually(lambda: metric(survivor, "llmlab_worker_attempts_total", outcome="stale") == 1, timeout=15,
-                     what="redelivered attempt 1 dropped as stale")
+    await eventually(
+        lambda: metric(survivor, "llmlab_worker_attempts_total", outcome="stale") == 1,
+        timeout=15,
+        what="redelivered attempt 1 dropped as stale",
+    )
     assert metric(survivor, "llmlab_worker_attempts_total", outcome="completed") == 1
     assert sim_stats(sim)["received"] == 2
 
 
 async def _stream_chat(base: str, request_id: asyncio.Future[str]) -> tuple[int, str, str | None]:
     text, finish = [], None
-    async with httpx.AsyncClient(timeout=30) as h, h.stream(
-        "POST", base + "/v1/chat/completions", headers={"Authorization": f"Bearer {DEV_KEY}"},
-        json={"model": LLAMA, "messages": HELLO, "max_tokens": 50, "stream": True},
-    ) as resp:
+    async with (
+        httpx.AsyncClient(timeout=30) as h,
+        h.stream(
+            "POST",
+            base + "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {DEV_KEY}"},
+            json={"model": LLAMA, "messages": HELLO, "max_tokens": 50, "stream": True},
+        ) as resp,
+    ):
         request_id.set_result(resp.headers["x-request-id"])
         async for line in resp.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":

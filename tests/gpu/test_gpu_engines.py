@@ -68,8 +68,9 @@ def gpu_engine() -> GpuEngine:
     missing = [n for n in ("LLMLAB_GPU_ENGINE", "LLMLAB_GPU_ENGINE_URL", "LLMLAB_GPU_MODEL") if not os.environ.get(n)]
     if missing:
         pytest.fail(f"GPU tier needs {', '.join(missing)}; run scripts/gpu-smoke.sh (make gpu-smoke)", pytrace=False)
-    engine = GpuEngine(os.environ["LLMLAB_GPU_ENGINE"], os.environ["LLMLAB_GPU_ENGINE_URL"].rstrip("/"),
-                       os.environ["LLMLAB_GPU_MODEL"])
+    engine = GpuEngine(
+        os.environ["LLMLAB_GPU_ENGINE"], os.environ["LLMLAB_GPU_ENGINE_URL"].rstrip("/"), os.environ["LLMLAB_GPU_MODEL"]
+    )
     if engine.engine not in ENGINES:
         pytest.fail(f"LLMLAB_GPU_ENGINE must be one of {ENGINES}, not {engine.engine!r}", pytrace=False)
     try:
@@ -106,13 +107,15 @@ def smoke_catalog(engine: GpuEngine) -> dict[str, Any]:
     }
     data["deployments"] = [deployment, *(d for d in data["deployments"] if d["id"] != deployment["id"])]
     if engine.model not in {p["model"] for p in data["prices"]["models"]}:
-        data["prices"]["models"].append({
-            "model": engine.model,
-            "input_per_mtok_usd": 0.0,
-            "output_per_mtok_usd": 0.0,
-            "source": "GPU smoke test deployment (scripts/gpu-smoke.sh); not a price",
-            "as_of": dt.date.today(),
-        })
+        data["prices"]["models"].append(
+            {
+                "model": engine.model,
+                "input_per_mtok_usd": 0.0,
+                "output_per_mtok_usd": 0.0,
+                "source": "GPU smoke test deployment (scripts/gpu-smoke.sh); not a price",
+                "as_of": dt.date.today(),
+            }
+        )
     return data
 
 
@@ -136,7 +139,11 @@ def smoke(stack: Stack, gpu_engine: GpuEngine, catalog_path: Path) -> Iterator[S
 
 def test_streaming_chat_through_the_gateway(smoke: SmokeStack) -> None:
     stream = smoke.client().chat.completions.create(
-        model=smoke.engine.model, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0.0, stream=True,
+        model=smoke.engine.model,
+        messages=MESSAGES,
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -158,7 +165,10 @@ def test_streaming_chat_through_the_gateway(smoke: SmokeStack) -> None:
 
 def test_non_streaming_chat_through_the_gateway(smoke: SmokeStack) -> None:
     resp = smoke.client().chat.completions.create(
-        model=smoke.engine.model, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0.0,
+        model=smoke.engine.model,
+        messages=MESSAGES,
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
     )
     assert resp.model == smoke.engine.model
     assert len(resp.choices) == 1

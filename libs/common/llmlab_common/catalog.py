@@ -156,7 +156,9 @@ class Catalog(_Strict):
 # -- loading with line numbers ---------------------------------------------------------------
 
 
-def _construct(node: yaml.Node, path: tuple[Any, ...], lines: dict[tuple[Any, ...], int], loader: yaml.SafeLoader) -> Any:
+def _construct(
+    node: yaml.Node, path: tuple[Any, ...], lines: dict[tuple[Any, ...], int], loader: yaml.SafeLoader
+) -> Any:
     """Build plain Python data from a YAML node tree, recording each value's line by its path."""
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):

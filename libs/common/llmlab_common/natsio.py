@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import nats
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from llmlab_common.subjects import Topology
 
@@ -66,20 +67,30 @@ def stream_configs(topo: Topology) -> list[StreamConfig]:
     ]
 
 
+_COMPARED = ("subjects", "retention", "storage", "max_age", "max_bytes", "duplicate_window", "discard")
+
+
 async def ensure_streams(js: JetStreamContext, topo: Topology) -> None:
-    """Create the streams, or update them to this config; safe to call from every service."""
+    """Create the streams, or bring them to this config; safe to call from every service.
+    An up-to-date stream is left alone (no update on every start)."""
     for cfg in stream_configs(topo):
         try:
-            await js.stream_info(cfg.name)
-            await js.update_stream(cfg)
+            info = await js.stream_info(cfg.name or "")
         except NotFoundError:
-            await js.add_stream(cfg)
-            log.info("created stream %s", cfg.name)
+            try:
+                await js.add_stream(cfg)
+                log.info("created stream %s", cfg.name)
+            except BadRequestError:  # another service created it first
+                pass
+            continue
+        current = info.config
+        changed = [f for f in _COMPARED if getattr(current, f) != getattr(cfg, f) and getattr(cfg, f) is not None]
+        if changed:
+            log.warning("stream %s differs in %s: updating it", cfg.name, changed)
+            await js.update_stream(cfg)
 
 
 async def delete_streams(js: JetStreamContext, topo: Topology) -> None:
     for cfg in stream_configs(topo):
-        try:
-            await js.delete_stream(cfg.name)
-        except NotFoundError:
-            pass
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(cfg.name or "")

@@ -3,7 +3,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from llmlab_common.catalog import CatalogError, load_catalog
 from llmlab_common.settings import DEFAULT_CATALOG
 
@@ -50,7 +49,9 @@ def test_error_names_the_line_of_an_unknown_field(tmp_path: Path) -> None:
 
 
 def test_cross_references_are_checked(tmp_path: Path) -> None:
-    p = _broken(tmp_path, "    gpu: H100-SXM\n    priors: {ttft_p95_s: 0.25", "    gpu: B200\n    priors: {ttft_p95_s: 0.25")
+    p = _broken(
+        tmp_path, "    gpu: H100-SXM\n    priors: {ttft_p95_s: 0.25", "    gpu: B200\n    priors: {ttft_p95_s: 0.25"
+    )
     with pytest.raises(CatalogError, match="B200"):
         load_catalog(p)
 

@@ -1,8 +1,6 @@
 from __future__ import annotations
 
-
 import pytest
-
 from llmlab_common.errors import InvalidRequest, RateLimited, ServiceUnavailable, error_from_info
 from llmlab_common.messages import STREAM_MESSAGE, StreamEnd, Timings, TokenChunk, Usage
 from llmlab_common.metrics import Metrics, parse_prometheus_text
@@ -31,8 +29,14 @@ def test_retry_attempts_get_distinct_dedup_ids() -> None:
 
 def test_stream_messages_round_trip_by_kind() -> None:
     chunk = TokenChunk(request_id="r", attempt=2, seq=3, text="hi", token_times=[0.1, 0.15])
-    end = StreamEnd(request_id="r", attempt=2, seq=4, finish_reason="length", usage=Usage(prompt_tokens=3),
-                    timings=Timings(nats_queue_s=0.001, e2e_s=1.0))
+    end = StreamEnd(
+        request_id="r",
+        attempt=2,
+        seq=4,
+        finish_reason="length",
+        usage=Usage(prompt_tokens=3),
+        timings=Timings(nats_queue_s=0.001, e2e_s=1.0),
+    )
     assert STREAM_MESSAGE.validate_json(chunk.model_dump_json()) == chunk
     assert STREAM_MESSAGE.validate_json(end.model_dump_json()) == end
     assert chunk.schema_version == 1

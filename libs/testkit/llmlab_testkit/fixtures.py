@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 
 import pytest
-
 from llmlab_common.natsio import connect, delete_streams
 from llmlab_common.subjects import Topology
+
 from llmlab_testkit.procs import Stack, unique_namespace
 
 DEV_KEY = "sk-llmlab-dev"
+log = logging.getLogger(__name__)
 
 
 async def _cleanup(namespace: str, nats_url: str) -> None:
@@ -32,5 +34,5 @@ def stack() -> Iterator[Stack]:
         failed = [p for p in s.procs if p.proc is not None and p.proc.poll() not in (None, 0, -15)]
         s.close()
         for p in failed:
-            print(f"--- {p.name} exited {p.proc.returncode if p.proc else '?'}; log tail:\n{p.tail()}")
+            log.warning("%s exited %s; log tail:\n%s", p.name, p.proc.returncode if p.proc else "?", p.tail())
         asyncio.run(_cleanup(s.namespace, s.nats_url))

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from types import TracebackType
-
-from nats.aio.client import Client as NATS
+from typing import TypeAlias
 
 from llmlab_common.messages import (
     STREAM_MESSAGE,
@@ -21,8 +20,10 @@ from llmlab_common.messages import (
 )
 from llmlab_common.natsio import connect, ensure_streams
 from llmlab_common.subjects import Topology, attempt_msg_id
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
-Msg = StreamStarted | TokenChunk | StreamEnd | StreamError
+ReplyMsg: TypeAlias = StreamStarted | TokenChunk | StreamEnd | StreamError
 
 
 class WorkerClient:
@@ -31,19 +32,19 @@ class WorkerClient:
         self.nats_url = nats_url
         self.gateway_id = gateway_id
         self.nc: NATS | None = None
-        self.replies: dict[str, asyncio.Queue[Msg]] = {}
+        self.replies: dict[str, asyncio.Queue[ReplyMsg]] = {}
         self.heartbeats: list[Heartbeat] = []
 
     async def __aenter__(self) -> WorkerClient:
         self.nc = await connect(self.nats_url, "test-client")
         await ensure_streams(self.nc.jetstream(), self.topo)
 
-        async def on_tok(msg: object) -> None:
-            rid = msg.subject.rsplit(".", 1)[-1]  # type: ignore[attr-defined]
-            self.replies.setdefault(rid, asyncio.Queue()).put_nowait(STREAM_MESSAGE.validate_json(msg.data))  # type: ignore[attr-defined]
+        async def on_tok(msg: Msg) -> None:
+            rid = msg.subject.rsplit(".", 1)[-1]
+            self.replies.setdefault(rid, asyncio.Queue()).put_nowait(STREAM_MESSAGE.validate_json(msg.data))
 
-        async def on_hb(msg: object) -> None:
-            self.heartbeats.append(Heartbeat.model_validate_json(msg.data))  # type: ignore[attr-defined]
+        async def on_hb(msg: Msg) -> None:
+            self.heartbeats.append(Heartbeat.model_validate_json(msg.data))
 
         await self.nc.subscribe(self.topo.token_wildcard(self.gateway_id), cb=on_tok)
         await self.nc.subscribe(self.topo.heartbeat_wildcard, cb=on_hb)
@@ -53,36 +54,59 @@ class WorkerClient:
         assert self.nc is not None
         await self.nc.close()
 
-    def request(self, request_id: str, pool: str, model: str, *, prompt: str | None = None,
-                messages: list[dict[str, object]] | None = None, max_tokens: int = 16, attempt: int = 1,
-                start_deadline_s: float = 30, **params: object) -> InferenceRequest:
+    def request(
+        self,
+        request_id: str,
+        pool: str,
+        model: str,
+        *,
+        prompt: str | None = None,
+        messages: list[dict[str, object]] | None = None,
+        max_tokens: int = 16,
+        attempt: int = 1,
+        start_deadline_s: float = 30,
+        **params: object,
+    ) -> InferenceRequest:
         now = time.time()
         return InferenceRequest(
-            request_id=request_id, attempt=attempt, gateway_id=self.gateway_id,
+            request_id=request_id,
+            attempt=attempt,
+            gateway_id=self.gateway_id,
             reply_subject=self.topo.token_subject(self.gateway_id, request_id),
-            endpoint="chat" if messages is not None else "completions", model=model, deployment="test",
-            pool=pool, messages=messages, prompt=prompt,
-            params=SamplingParams(max_tokens=max_tokens, **params),  # type: ignore[arg-type]
-            created_at=now, dispatched_at=now, start_deadline=now + start_deadline_s, deadline=now + 300,
+            endpoint="chat" if messages is not None else "completions",
+            model=model,
+            deployment="test",
+            pool=pool,
+            messages=messages,
+            prompt=prompt,
+            params=SamplingParams(max_tokens=max_tokens, **params),
+            created_at=now,
+            dispatched_at=now,
+            start_deadline=now + start_deadline_s,
+            deadline=now + 300,
         )
 
     async def publish(self, req: InferenceRequest, worker_id: str | None = None) -> None:
         assert self.nc is not None
         self.replies.setdefault(req.request_id, asyncio.Queue())
         subject = self.topo.worker_subject(req.pool, worker_id) if worker_id else self.topo.pool_subject(req.pool)
-        await self.nc.jetstream().publish(subject, req.model_dump_json().encode(),
-                                          headers={"Nats-Msg-Id": attempt_msg_id(req.request_id, req.attempt)})
+        await self.nc.jetstream().publish(
+            subject,
+            req.model_dump_json().encode(),
+            headers={"Nats-Msg-Id": attempt_msg_id(req.request_id, req.attempt)},
+        )
 
     async def cancel(self, request_id: str, attempt: int | None = None) -> None:
         assert self.nc is not None
-        await self.nc.publish(self.topo.cancel_subject,
-                              CancelRequest(request_id=request_id, attempt=attempt).model_dump_json().encode())
+        await self.nc.publish(
+            self.topo.cancel_subject, CancelRequest(request_id=request_id, attempt=attempt).model_dump_json().encode()
+        )
 
-    async def next(self, request_id: str, timeout: float = 30) -> Msg:
+    async def next(self, request_id: str, timeout: float = 30) -> ReplyMsg:
         return await asyncio.wait_for(self.replies.setdefault(request_id, asyncio.Queue()).get(), timeout)
 
-    async def collect(self, request_id: str, timeout: float = 60) -> list[Msg]:
-        out: list[Msg] = []
+    async def collect(self, request_id: str, timeout: float = 60) -> list[ReplyMsg]:
+        out: list[ReplyMsg] = []
         while True:
             m = await self.next(request_id, timeout)
             out.append(m)
@@ -99,7 +123,7 @@ class WorkerClient:
             while True:
                 msg = await sub.next_msg(timeout=timeout)
                 out.append(msg.data)
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             pass
         finally:
             await sub.unsubscribe()

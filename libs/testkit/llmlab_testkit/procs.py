@@ -119,28 +119,73 @@ class Stack:
             "LLMLAB_LOG_JSON": "true",
         }
 
-    def _launch(self, name: str, module: str, env: dict[str, str], args: list[str], port: int,
-                ready_path: str, wait: bool, timeout: float = 30.0) -> ManagedProcess:
-        p = ManagedProcess(name, [self.python, "-m", module, *args], {**self.base_env(), **env},
-                           ready_url=f"http://127.0.0.1:{port}{ready_path}")
+    def _launch(
+        self,
+        name: str,
+        module: str,
+        env: dict[str, str],
+        args: list[str],
+        port: int,
+        ready_path: str,
+        wait: bool,
+        timeout: float = 30.0,
+    ) -> ManagedProcess:
+        p = ManagedProcess(
+            name,
+            [self.python, "-m", module, *args],
+            {**self.base_env(), **env},
+            ready_url=f"http://127.0.0.1:{port}{ready_path}",
+        )
         self.procs.append(p.start())
         if wait:
             p.wait_ready(timeout)
         p.port = port  # type: ignore[attr-defined]
         return p
 
-    def sim(self, flavor: str = "vllm", model: str = "meta-llama/Llama-3.1-8B-Instruct", *, ttft_ms: float = 50,
-            itl_ms: float = 10, max_num_seqs: int = 256, output_len: int = 32, wait: bool = True,
-            extra: list[str] | None = None) -> ManagedProcess:
+    def sim(
+        self,
+        flavor: str = "vllm",
+        model: str = "meta-llama/Llama-3.1-8B-Instruct",
+        *,
+        ttft_ms: float = 50,
+        itl_ms: float = 10,
+        max_num_seqs: int = 256,
+        output_len: int = 32,
+        wait: bool = True,
+        extra: list[str] | None = None,
+    ) -> ManagedProcess:
         port = free_port()
-        args = ["--flavor", flavor, "--port", str(port), "--model", model, "--ttft-ms", str(ttft_ms),
-                "--itl-ms", str(itl_ms), "--max-num-seqs", str(max_num_seqs), "--output-len", str(output_len),
-                *(extra or [])]
+        args = [
+            "--flavor",
+            flavor,
+            "--port",
+            str(port),
+            "--model",
+            model,
+            "--ttft-ms",
+            str(ttft_ms),
+            "--itl-ms",
+            str(itl_ms),
+            "--max-num-seqs",
+            str(max_num_seqs),
+            "--output-len",
+            str(output_len),
+            *(extra or []),
+        ]
         return self._launch(f"sim-{flavor}", "llmlab_engine_sim", {}, args, port, "/health", wait)
 
-    def worker(self, engine: str, pool: str, engine_url: str, *, max_concurrency: int = 16,
-               heartbeat_s: float = 0.2, worker_id: str | None = None, wait: bool = True,
-               env: dict[str, str] | None = None) -> ManagedProcess:
+    def worker(
+        self,
+        engine: str,
+        pool: str,
+        engine_url: str,
+        *,
+        max_concurrency: int = 16,
+        heartbeat_s: float = 0.2,
+        worker_id: str | None = None,
+        wait: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> ManagedProcess:
         port = free_port()
         wenv = {
             "LLMLAB_WORKER_PORT": str(port),
@@ -154,8 +199,9 @@ class Stack:
         }
         return self._launch(f"worker-{engine}-{pool}", f"llmlab_worker_{engine}", wenv, [], port, "/ready", wait)
 
-    def gateway(self, *, queue_timeout_s: float | None = None, env: dict[str, str] | None = None,
-                wait: bool = True) -> ManagedProcess:
+    def gateway(
+        self, *, queue_timeout_s: float | None = None, env: dict[str, str] | None = None, wait: bool = True
+    ) -> ManagedProcess:
         port = free_port()
         genv = {
             "LLMLAB_GATEWAY_PORT": str(port),

@@ -25,10 +25,22 @@ REPO = Path(__file__).resolve().parents[3]
 
 def vllm_command(port: int) -> list[str]:
     return [
-        str(VENV_PY), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(MODEL_DIR), "--served-model-name", SERVED_NAME,
-        "--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager",
-        "--host", "127.0.0.1", "--port", str(port),
+        str(VENV_PY),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(MODEL_DIR),
+        "--served-model-name",
+        SERVED_NAME,
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "2048",
+        "--enforce-eager",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
     ]
 
 

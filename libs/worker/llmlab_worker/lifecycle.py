@@ -8,6 +8,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 from llmlab_common.catalog import Catalog
 from llmlab_common.logging import request_id_var
@@ -353,8 +354,11 @@ class Worker:
                 return
             if taken_wall > req.start_deadline:
                 outcome = "expired"
-                log.info("discarding expired attempt %d (%.2fs past its start deadline)", req.attempt,
-                         taken_wall - req.start_deadline)
+                log.info(
+                    "discarding expired attempt %d (%.2fs past its start deadline)",
+                    req.attempt,
+                    taken_wall - req.start_deadline,
+                )
                 return
             if msg.metadata.num_delivered > 1 and not await self._still_wanted(req):
                 outcome = "stale"
@@ -448,7 +452,7 @@ class Worker:
         if usage is None:
             # Engines send usage last when asked (stream_options.include_usage); count what we saw.
             usage = Usage(completion_tokens=len(clock.token_times), total_tokens=len(clock.token_times))
-        reason: FinishReason = finish if finish in FINISH_REASONS else "stop"  # type: ignore[assignment]
+        reason = cast(FinishReason, finish if finish in FINISH_REASONS else "stop")
         return usage, reason
 
     def _publish_stream(self, req: InferenceRequest, message: StreamStarted | StreamEnd | StreamError) -> None:
@@ -582,7 +586,15 @@ def _engine_error_info(exc: EngineRequestError) -> ErrorInfo:
     if exc.status in (400, 404, 413, 422):
         # The engine refused the request itself (e.g. prompt longer than the context): the
         # client's error, reported as such.
-        return ErrorInfo(status=400 if exc.status == 422 else exc.status, type="invalid_request_error",
-                         code="engine_rejected", message=exc.message)
-    return ErrorInfo(status=502, type="server_error", code="engine_error",
-                     message=f"engine error ({exc.status or 'no connection'}): {exc.message}")
+        return ErrorInfo(
+            status=400 if exc.status == 422 else exc.status,
+            type="invalid_request_error",
+            code="engine_rejected",
+            message=exc.message,
+        )
+    return ErrorInfo(
+        status=502,
+        type="server_error",
+        code="engine_error",
+        message=f"engine error ({exc.status or 'no connection'}): {exc.message}",
+    )

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class PullFeeder:
         self.reserve_slots = reserve_slots
         self._next_subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self._inbox = nc.new_inbox()
-        self._sub = None
+        self._sub: Subscription | None = None
         self._remaining = 0
         self._done = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

@@ -4,7 +4,6 @@ import asyncio
 import time
 
 import pytest
-
 from llmlab_common.messages import InferenceRequest, SamplingParams, TokenChunk
 from llmlab_worker.engine import OpenAIEngineAdapter
 from llmlab_worker.lifecycle import _Coalescer
@@ -21,8 +20,9 @@ def test_quantile_matches_linear_interpolation() -> None:
 
 
 def test_timings_follow_the_vllm_benchmark_convention() -> None:
-    clock = AttemptClock(nats_queue_s=0.002, taken_at=100.0, engine_start=100.0,
-                         token_times=[100.2, 100.25, 100.30, 100.40])
+    clock = AttemptClock(
+        nats_queue_s=0.002, taken_at=100.0, engine_start=100.0, token_times=[100.2, 100.25, 100.30, 100.40]
+    )
     t = clock.timings(completion_tokens=4, ended_at=100.5, engine_queue_s=0.05)
     assert t.ttft_s == pytest.approx(0.2)
     assert t.prefill_s == pytest.approx(0.15)
@@ -34,32 +34,62 @@ def test_timings_follow_the_vllm_benchmark_convention() -> None:
 
 def test_parse_chunk_reads_text_finish_and_usage() -> None:
     ev = OpenAIEngineAdapter.parse_chunk(
-        {"choices": [{"delta": {"content": "Hi"}, "finish_reason": None}]}, 1.0, chat=True)
+        {"choices": [{"delta": {"content": "Hi"}, "finish_reason": None}]}, 1.0, chat=True
+    )
     assert ev is not None and ev.text == "Hi"
-    assert OpenAIEngineAdapter.parse_chunk({"choices": [{"delta": {"role": "assistant", "content": ""}}]},
-                                           1.0, chat=True) is None
+    assert (
+        OpenAIEngineAdapter.parse_chunk({"choices": [{"delta": {"role": "assistant", "content": ""}}]}, 1.0, chat=True)
+        is None
+    )
     ev = OpenAIEngineAdapter.parse_chunk(
-        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
-                                  "prompt_tokens_details": {"cached_tokens": 1}}}, 1.0, chat=False)
+        {
+            "choices": [],
+            "usage": {
+                "prompt_tokens": 3,
+                "completion_tokens": 2,
+                "total_tokens": 5,
+                "prompt_tokens_details": {"cached_tokens": 1},
+            },
+        },
+        1.0,
+        chat=False,
+    )
     assert ev is not None and ev.usage is not None and ev.usage.cached_tokens == 1
 
 
 def test_engine_load_from_each_engines_metric_names() -> None:
     v = VllmAdapter("http://x", 4)
-    base = {"vllm:num_requests_running": 3, "vllm:num_requests_waiting": 1, "vllm:kv_cache_usage_perc": 0.5,
-            "vllm:prefix_cache_hits_total": 10, "vllm:prefix_cache_queries_total": 20,
-            "vllm:request_queue_time_seconds_sum": 1.0, "vllm:request_queue_time_seconds_count": 4}
+    base = {
+        "vllm:num_requests_running": 3,
+        "vllm:num_requests_waiting": 1,
+        "vllm:kv_cache_usage_perc": 0.5,
+        "vllm:prefix_cache_hits_total": 10,
+        "vllm:prefix_cache_queries_total": 20,
+        "vllm:request_queue_time_seconds_sum": 1.0,
+        "vllm:request_queue_time_seconds_count": 4,
+    }
     first = v.load_from_metrics(base)
     assert (first.running, first.waiting, first.kv_cache_usage) == (3, 1, 0.5)
     assert first.prefix_cache_hit_rate is None  # rates need two readings
-    later = v.load_from_metrics({**base, "vllm:prefix_cache_hits_total": 25, "vllm:prefix_cache_queries_total": 40,
-                                 "vllm:request_queue_time_seconds_sum": 2.0,
-                                 "vllm:request_queue_time_seconds_count": 6})
+    later = v.load_from_metrics(
+        {
+            **base,
+            "vllm:prefix_cache_hits_total": 25,
+            "vllm:prefix_cache_queries_total": 40,
+            "vllm:request_queue_time_seconds_sum": 2.0,
+            "vllm:request_queue_time_seconds_count": 6,
+        }
+    )
     assert later.prefix_cache_hit_rate == pytest.approx(15 / 20)
     assert later.mean_queue_time_s == pytest.approx(0.5)
     s = SglangAdapter("http://x", 4).load_from_metrics(
-        {"sglang:num_running_reqs": 2, "sglang:num_queue_reqs": 0, "sglang:token_usage": 0.1,
-         "sglang:cache_hit_rate": 0.4})
+        {
+            "sglang:num_running_reqs": 2,
+            "sglang:num_queue_reqs": 0,
+            "sglang:token_usage": 0.1,
+            "sglang:cache_hit_rate": 0.4,
+        }
+    )
     assert (s.running, s.kv_cache_usage, s.prefix_cache_hit_rate) == (2, 0.1, 0.4)
 
 
@@ -70,17 +100,30 @@ class _FakeWorker:
     def publish_nowait(self, subject: str, payload: bytes) -> None:
         self.sent.append(TokenChunk.model_validate_json(payload))
 
-    class m:  # noqa: N801 - mimics Worker.m
-        class nats_msgs:  # noqa: N801
+    class m:
+        class nats_msgs:
             @staticmethod
             def inc() -> None: ...
 
 
 def _req() -> InferenceRequest:
     now = time.time()
-    return InferenceRequest(request_id="r", attempt=1, gateway_id="g", reply_subject="x", endpoint="chat",
-                            model="m", deployment="d", pool="p", messages=[], params=SamplingParams(max_tokens=4),
-                            created_at=now, dispatched_at=now, start_deadline=now + 5, deadline=now + 60)
+    return InferenceRequest(
+        request_id="r",
+        attempt=1,
+        gateway_id="g",
+        reply_subject="x",
+        endpoint="chat",
+        model="m",
+        deployment="d",
+        pool="p",
+        messages=[],
+        params=SamplingParams(max_tokens=4),
+        created_at=now,
+        dispatched_at=now,
+        start_deadline=now + 5,
+        deadline=now + 60,
+    )
 
 
 async def test_coalescer_sends_sparse_tokens_at_once_and_bursts_together() -> None:

@@ -17,9 +17,9 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from llmlab_common import openai_wire as wire
 from llmlab_common.catalog import load_catalog
-from llmlab_common.errors import InvalidRequest, LLMLabError, PayloadTooLarge
+from llmlab_common.errors import EngineError, InvalidRequest, LLMLabError, ModelNotFound, NotFound, PayloadTooLarge
 from llmlab_common.logging import request_id_var
-from llmlab_common.messages import Endpoint, Principal, StreamEnd, TokenChunk, Usage
+from llmlab_common.messages import Endpoint, Principal, StreamEnd, TokenChunk
 from llmlab_common.metrics import Metrics
 from llmlab_common.natsio import connect, ensure_streams
 from llmlab_common.runtime import ServiceState, ops_router
@@ -40,8 +40,9 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 class GatewayMetrics:
     def __init__(self, m: Metrics) -> None:
-        self.requests = m.counter("gateway_requests_total", "Requests by endpoint, model and status",
-                                  ("endpoint", "model", "status"))
+        self.requests = m.counter(
+            "gateway_requests_total", "Requests by endpoint, model and status", ("endpoint", "model", "status")
+        )
         self.ttft = m.histogram("gateway_ttft_seconds", "Accepted to first token sent", ("model",))
         self.e2e = m.histogram("gateway_e2e_seconds", "Accepted to last byte", ("model",))
         self.in_flight = m.gauge("gateway_in_flight_requests", "Requests being served")
@@ -75,8 +76,9 @@ def _validation_error(exc: ValidationError) -> InvalidRequest:
         msg = f"Missing required parameter: '{param}'."
     else:
         msg = f"Invalid value for '{param}': {msg}"
-    return InvalidRequest(msg, param=param, code="missing_required_parameter" if first["type"] == "missing"
-                          else "invalid_value")
+    return InvalidRequest(
+        msg, param=param, code="missing_required_parameter" if first["type"] == "missing" else "invalid_value"
+    )
 
 
 def _error_response(err: LLMLabError, request_id: str) -> JSONResponse:
@@ -88,8 +90,7 @@ def create_app(settings: GatewaySettings, authenticator: Authenticator | None = 
     metrics = Metrics("llmlab")
     gm = GatewayMetrics(metrics)
     state = ServiceState()
-    auth = authenticator or StaticKeyAuthenticator(settings.api_key_sha256, settings.dev_plan,
-                                                   settings.auth_enabled)
+    auth = authenticator or StaticKeyAuthenticator(settings.api_key_sha256, settings.dev_plan, settings.auth_enabled)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -98,17 +99,30 @@ def create_app(settings: GatewaySettings, authenticator: Authenticator | None = 
         nc = await connect(settings.infra.nats_url, f"gateway-{settings.gateway_id}")
         js = nc.jetstream()
         await ensure_streams(js, topo)
-        dispatcher = NatsDispatcher(nc, js, topo, settings.gateway_id, metrics,
-                                    settings.worker_discovery_grace_s, settings.worker_sweep_interval_s)
+        dispatcher = NatsDispatcher(
+            nc,
+            js,
+            topo,
+            settings.gateway_id,
+            metrics,
+            settings.worker_discovery_grace_s,
+            settings.worker_sweep_interval_s,
+        )
         await dispatcher.start()
         app.state.catalog = catalog
         app.state.dispatcher = dispatcher
-        app.state.service = CompletionService(settings, catalog, StaticRouter(catalog, dispatcher.live_workers),
-                                              dispatcher)
+        app.state.service = CompletionService(
+            settings, catalog, StaticRouter(catalog, dispatcher.live_workers), dispatcher
+        )
         state.checks["nats"] = lambda: nc.is_connected
         state.checks["workers_discovered"] = dispatcher.discovery_done
-        log.info("gateway %s up on %s:%d (namespace %s)", settings.gateway_id, settings.host, settings.port,
-                 settings.infra.namespace)
+        log.info(
+            "gateway %s up on %s:%d (namespace %s)",
+            settings.gateway_id,
+            settings.host,
+            settings.port,
+            settings.infra.namespace,
+        )
         try:
             yield
         finally:
@@ -126,8 +140,6 @@ def create_app(settings: GatewaySettings, authenticator: Authenticator | None = 
 
     @app.exception_handler(404)
     async def _not_found(request: Request, exc: Exception) -> JSONResponse:
-        from llmlab_common.errors import NotFound
-
         return _error_response(NotFound(f"Unknown path {request.url.path}"), _new_request_id())
 
     @app.exception_handler(405)
@@ -146,8 +158,10 @@ def create_app(settings: GatewaySettings, authenticator: Authenticator | None = 
         await auth.authenticate(_bearer(request))
         catalog = request.app.state.catalog
         created = int(time.time())
-        data = [{"id": m, "object": "model", "created": created, "owned_by": "llm-inference-lab"}
-                for m in catalog.public_models()]
+        data = [
+            {"id": m, "object": "model", "created": created, "owned_by": "llm-inference-lab"}
+            for m in catalog.public_models()
+        ]
         return JSONResponse({"object": "list", "data": data})
 
     @app.get("/v1/models/{model:path}")
@@ -155,11 +169,10 @@ def create_app(settings: GatewaySettings, authenticator: Authenticator | None = 
         await auth.authenticate(_bearer(request))
         catalog = request.app.state.catalog
         if not catalog.resolve(model):
-            from llmlab_common.errors import ModelNotFound
-
             raise ModelNotFound(f"The model '{model}' does not exist.")
-        return JSONResponse({"id": model, "object": "model", "created": int(time.time()),
-                             "owned_by": "llm-inference-lab"})
+        return JSONResponse(
+            {"id": model, "object": "model", "created": int(time.time()), "owned_by": "llm-inference-lab"}
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -189,7 +202,8 @@ def create_app(settings: GatewaySettings, authenticator: Authenticator | None = 
             model = payload.get("model") if isinstance(payload.get("model"), str) else None
             try:
                 body: ChatCompletionRequest | CompletionRequest = (
-                    ChatCompletionRequest.model_validate(payload) if endpoint == "chat"
+                    ChatCompletionRequest.model_validate(payload)
+                    if endpoint == "chat"
                     else CompletionRequest.model_validate(payload)
                 )
             except ValidationError as exc:
@@ -211,7 +225,8 @@ def create_app(settings: GatewaySettings, authenticator: Authenticator | None = 
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(
-                _sse(service, opened, ctx, include_usage, gm), media_type="text/event-stream",
+                _sse(service, opened, ctx, include_usage, gm),
+                media_type="text/event-stream",
                 headers={**headers, **SSE_HEADERS},
             )
         return await _unary(request, service, opened, ctx, gm, headers)
@@ -227,8 +242,9 @@ def _bearer(request: Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-async def _sse(service: CompletionService, opened: OpenedStream, ctx: CallContext, include_usage: bool,
-               gm: GatewayMetrics) -> AsyncIterator[bytes]:
+async def _sse(
+    service: CompletionService, opened: OpenedStream, ctx: CallContext, include_usage: bool, gm: GatewayMetrics
+) -> AsyncIterator[bytes]:
     endpoint, model = ctx.endpoint, opened.deployment.model
     oid, created = wire.object_id(endpoint, ctx.request_id), int(ctx.created_at)
     status = "200"
@@ -236,17 +252,35 @@ async def _sse(service: CompletionService, opened: OpenedStream, ctx: CallContex
     gm.in_flight.inc()
     try:
         if endpoint == "chat":
-            yield wire.sse(wire.chunk(endpoint, oid, created, model, role="assistant", text="",
-                                      include_usage_field=include_usage))
+            yield wire.sse(
+                wire.chunk(endpoint, oid, created, model, role="assistant", text="", include_usage_field=include_usage)
+            )
         async for m in opened:
             if isinstance(m, TokenChunk):
-                yield wire.sse(wire.chunk(endpoint, oid, created, model, text=m.text, tool_calls=m.tool_calls,
-                                          include_usage_field=include_usage))
+                yield wire.sse(
+                    wire.chunk(
+                        endpoint,
+                        oid,
+                        created,
+                        model,
+                        text=m.text,
+                        tool_calls=m.tool_calls,
+                        include_usage_field=include_usage,
+                    )
+                )
             elif isinstance(m, StreamEnd):
                 gm.tokens.labels(model).inc(m.usage.completion_tokens)
-                yield wire.sse(wire.chunk(endpoint, oid, created, model, text="" if endpoint == "completions"
-                                          else None, finish_reason=m.finish_reason,
-                                          include_usage_field=include_usage))
+                yield wire.sse(
+                    wire.chunk(
+                        endpoint,
+                        oid,
+                        created,
+                        model,
+                        text="" if endpoint == "completions" else None,
+                        finish_reason=m.finish_reason,
+                        include_usage_field=include_usage,
+                    )
+                )
                 if include_usage:
                     yield wire.sse(wire.chunk(endpoint, oid, created, model, usage=m.usage))
         yield wire.SSE_DONE
@@ -265,8 +299,14 @@ async def _sse(service: CompletionService, opened: OpenedStream, ctx: CallContex
         service.close(opened, ctx, client_gone)
 
 
-async def _unary(request: Request, service: CompletionService, opened: OpenedStream, ctx: CallContext,
-                 gm: GatewayMetrics, headers: dict[str, str]) -> Response:
+async def _unary(
+    request: Request,
+    service: CompletionService,
+    opened: OpenedStream,
+    ctx: CallContext,
+    gm: GatewayMetrics,
+    headers: dict[str, str],
+) -> Response:
     model = opened.deployment.model
     gm.in_flight.inc()
     client_gone = False
@@ -286,9 +326,16 @@ async def _unary(request: Request, service: CompletionService, opened: OpenedStr
             return _error_response(err, ctx.request_id)
         gm.tokens.labels(model).inc(end.usage.completion_tokens)
         gm.requests.labels(ctx.endpoint, model, "200").inc()
-        body = wire.completion(ctx.endpoint, wire.object_id(ctx.endpoint, ctx.request_id), int(ctx.created_at),
-                               model, text=text, finish_reason=end.finish_reason, usage=end.usage,
-                               tool_calls=tools or None)
+        body = wire.completion(
+            ctx.endpoint,
+            wire.object_id(ctx.endpoint, ctx.request_id),
+            int(ctx.created_at),
+            model,
+            text=text,
+            finish_reason=end.finish_reason,
+            usage=end.usage,
+            tool_calls=tools or None,
+        )
         return JSONResponse(body, headers=headers)
     finally:
         watch.cancel()
@@ -308,9 +355,8 @@ async def _collect(opened: OpenedStream) -> tuple[str, list[dict[str, Any]], Str
                 wire.merge_tool_call_deltas(tools, m.tool_calls)
         else:
             end = m
-    if end is None:
-        end = StreamEnd(request_id=opened.ctx.request_id, attempt=opened.handle.attempt, seq=0,
-                        finish_reason="stop", usage=Usage(), timings=None)  # type: ignore[arg-type]
+    if end is None:  # OpenedStream ends with StreamEnd or raises; this guards the invariant
+        raise EngineError("the stream ended without a terminal message", code="stream_gap")
     return "".join(parts), tools, end
 
 

@@ -32,9 +32,7 @@ class StaticKeyAuthenticator:
         if not self._enabled:
             return Principal(plan=self._plan, key_id="anonymous")
         if not api_key:
-            raise AuthenticationFailed(
-                "Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key"
-            )
+            raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key")
         digest = hashlib.sha256(api_key.encode()).hexdigest()
         if not any(hmac.compare_digest(digest, h) for h in self._hashes):
             raise AuthenticationFailed("Incorrect API key provided.")

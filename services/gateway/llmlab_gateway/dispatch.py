@@ -8,7 +8,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmlab_common.messages import (
     STREAM_MESSAGE,
@@ -95,8 +97,16 @@ class _Handle:
 
 
 class NatsDispatcher:
-    def __init__(self, nc: NATS, js: JetStreamContext, topo: Topology, gateway_id: str, metrics: Metrics,
-                 discovery_grace_s: float, sweep_interval_s: float) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        js: JetStreamContext,
+        topo: Topology,
+        gateway_id: str,
+        metrics: Metrics,
+        discovery_grace_s: float,
+        sweep_interval_s: float,
+    ) -> None:
         self.nc = nc
         self.js = js
         self.topo = topo
@@ -167,22 +177,26 @@ class NatsDispatcher:
             inf.done = True
 
     def record_attempt(self, event: AttemptEvent) -> None:
-        self._spawn(self._publish_event(self.topo.attempt_event_subject, event,
-                                        f"evt:{event.request_id}:{event.attempt}:{event.source}"))
+        self._spawn(
+            self._publish_event(
+                self.topo.attempt_event_subject, event, f"evt:{event.request_id}:{event.attempt}:{event.source}"
+            )
+        )
 
     def record_request(self, event: RequestEvent) -> None:
         self._spawn(self._publish_event(self.topo.request_event_subject, event, f"req:{event.request_id}"))
 
     # -- internals -------------------------------------------------------------------------------
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _publish_event(self, subject: str, event: AttemptEvent | RequestEvent, msg_id: str) -> None:
         try:
-            await self.js.publish(subject, event.model_dump_json(exclude_none=True).encode(),
-                                  headers={"Nats-Msg-Id": msg_id}, timeout=5)
+            await self.js.publish(
+                subject, event.model_dump_json(exclude_none=True).encode(), headers={"Nats-Msg-Id": msg_id}, timeout=5
+            )
         except Exception:
             log.exception("could not publish event", extra={"request_id": event.request_id})
 

@@ -38,6 +38,5 @@ class StaticRouter:
         # Deployments with live workers first; the rest stay so a 503 can name the pool.
         ordered = live + [d for d in deployments if d not in live]
         return [
-            RouteDecision(d, "pool", None, f"static: {model!r} -> {d.id} (catalog order, live first)")
-            for d in ordered
+            RouteDecision(d, "pool", None, f"static: {model!r} -> {d.id} (catalog order, live first)") for d in ordered
         ]

@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 from llmlab_common.catalog import Catalog, Deployment
 from llmlab_common.errors import (
@@ -58,7 +58,7 @@ class StreamGap:
     got: int
 
 
-AttemptMessage = StreamStarted | TokenChunk | StreamEnd | StreamError | WorkerLost | StreamGap
+AttemptMessage: TypeAlias = StreamStarted | TokenChunk | StreamEnd | StreamError | WorkerLost | StreamGap
 
 
 class AttemptHandle(Protocol):
@@ -126,8 +126,9 @@ class OpenedStream:
                     code="worker_lost",
                 )
             elif isinstance(msg, StreamGap):
-                raise EngineError(f"token stream lost messages (expected {msg.expected}, got {msg.got})",
-                                  code="stream_gap")
+                raise EngineError(
+                    f"token stream lost messages (expected {msg.expected}, got {msg.got})", code="stream_gap"
+                )
             elif msg is None:
                 raise UpstreamTimeout(f"no tokens for {self.idle_timeout_s:.0f}s; giving up on the stream")
             msg = await self.handle.next(self.idle_timeout_s)
@@ -261,8 +262,9 @@ class CompletionService:
         # Worker lost, timed out or the stream broke before the first token: retry elsewhere.
         self.dispatcher.cancel(req.request_id, req.attempt, "retry")
         why = "worker lost" if isinstance(msg, WorkerLost) else "no first token in time"
-        self._gateway_attempt_event(ctx, req, "worker_lost" if isinstance(msg, WorkerLost) else "abandoned",
-                                    worker_id, why)
+        self._gateway_attempt_event(
+            ctx, req, "worker_lost" if isinstance(msg, WorkerLost) else "abandoned", worker_id, why
+        )
         err = EngineError(f"attempt {req.attempt}: {why}", code="worker_lost")
         err.retryable = True
         return None, err
@@ -309,4 +311,3 @@ class CompletionService:
                 ended_at=time.time(),
             )
         )
-

@@ -1,10 +1,9 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
-
 from llmlab_gateway.api import _validation_error
 from llmlab_gateway.schemas import ChatCompletionRequest, CompletionRequest
+from pydantic import ValidationError
 
 pytestmark = pytest.mark.unit
 MSG = [{"role": "user", "content": "hi"}]
@@ -37,8 +36,9 @@ def test_n_greater_than_one_says_why() -> None:
 
 
 def test_max_completion_tokens_wins_and_unknown_fields_are_ignored() -> None:
-    r = ChatCompletionRequest.model_validate({"model": "m", "messages": MSG, "max_tokens": 5,
-                                              "max_completion_tokens": 7, "store": True})
+    r = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": MSG, "max_tokens": 5, "max_completion_tokens": 7, "store": True}
+    )
     assert r.requested_max_tokens() == 7
 
 

@@ -8,7 +8,6 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-
 from llmlab_common.catalog import load_catalog
 from llmlab_common.errors import EngineError, InvalidRequest, ModelNotFound, RateLimited, ServiceUnavailable
 from llmlab_common.messages import (
@@ -86,8 +85,14 @@ def _tok(a: int, seq: int, text: str) -> TokenChunk:
 
 
 def _end(a: int, seq: int) -> StreamEnd:
-    return StreamEnd(request_id="r", attempt=a, seq=seq, finish_reason="length", usage=Usage(completion_tokens=2),
-                     timings=Timings(nats_queue_s=0, e2e_s=0.1))
+    return StreamEnd(
+        request_id="r",
+        attempt=a,
+        seq=seq,
+        finish_reason="length",
+        usage=Usage(completion_tokens=2),
+        timings=Timings(nats_queue_s=0, e2e_s=0.1),
+    )
 
 
 def _service(d: FakeDispatcher, **kw: object) -> CompletionService:
@@ -97,8 +102,9 @@ def _service(d: FakeDispatcher, **kw: object) -> CompletionService:
 
 
 def _ctx(model: str = MODEL, **body: object) -> CallContext:
-    req = ChatCompletionRequest.model_validate({"model": model, "messages": [{"role": "user", "content": "hi"}],
-                                                **body})
+    req = ChatCompletionRequest.model_validate(
+        {"model": model, "messages": [{"role": "user", "content": "hi"}], **body}
+    )
     return CallContext("r", "chat", req, Principal(plan="free"), time.time())
 
 
@@ -155,9 +161,14 @@ async def test_retries_are_bounded() -> None:
 
 
 async def test_engine_rejection_is_not_retried() -> None:
-    err = StreamError(request_id="r", attempt=1, seq=1, before_first_token=True, retryable=False,
-                      error=ErrorInfo(status=400, type="invalid_request_error", code="engine_rejected",
-                                      message="prompt too long"))
+    err = StreamError(
+        request_id="r",
+        attempt=1,
+        seq=1,
+        before_first_token=True,
+        retryable=False,
+        error=ErrorInfo(status=400, type="invalid_request_error", code="engine_rejected", message="prompt too long"),
+    )
     d = FakeDispatcher(scripts=[[_started(1), err]])
     with pytest.raises(InvalidRequest):
         await _service(d).open(_ctx())

@@ -6,7 +6,6 @@ import asyncio
 import time
 
 import pytest
-
 from llmlab_common.messages import AttemptEvent, StreamEnd, StreamStarted, TokenChunk
 from llmlab_testkit.natsclient import WorkerClient
 from llmlab_testkit.procs import Stack
@@ -19,8 +18,14 @@ POOL = "cpu-vllm"
 async def test_streams_tokens_usage_and_timings(stack: Stack, vllm_url: str) -> None:
     w = stack.worker("vllm", POOL, vllm_url, max_concurrency=4)
     async with WorkerClient(stack.namespace) as client:
-        req = client.request("r1", POOL, SERVED_NAME, messages=[{"role": "user", "content": "Name three colours."}],
-                             max_tokens=12, temperature=0.0)
+        req = client.request(
+            "r1",
+            POOL,
+            SERVED_NAME,
+            messages=[{"role": "user", "content": "Name three colours."}],
+            max_tokens=12,
+            temperature=0.0,
+        )
         await client.publish(req)
         msgs = await client.collect("r1", timeout=60)
         assert isinstance(msgs[0], StreamStarted) and msgs[0].engine == "vllm"
@@ -51,8 +56,7 @@ async def test_streams_tokens_usage_and_timings(stack: Stack, vllm_url: str) -> 
 async def test_stop_sequence_and_completions_endpoint(stack: Stack, vllm_url: str) -> None:
     stack.worker("vllm", POOL, vllm_url)
     async with WorkerClient(stack.namespace) as client:
-        req = client.request("r2", POOL, SERVED_NAME, prompt="1, 2, 3, 4,", max_tokens=40, temperature=0.0,
-                             stop=[","])
+        req = client.request("r2", POOL, SERVED_NAME, prompt="1, 2, 3, 4,", max_tokens=40, temperature=0.0, stop=[","])
         await client.publish(req)
         msgs = await client.collect("r2")
         end = msgs[-1]
@@ -66,8 +70,9 @@ async def test_cancel_stops_generation_on_the_engine(stack: Stack, vllm_url: str
     async with WorkerClient(stack.namespace) as client:
         # Greedy decoding of this prompt runs far past the tokens we wait for (sampling could
         # stop at once on EOS and make the test meaningless).
-        req = client.request("r3", POOL, SERVED_NAME, prompt="Once upon a time, in a land far away,",
-                             max_tokens=1500, temperature=0.0)
+        req = client.request(
+            "r3", POOL, SERVED_NAME, prompt="Once upon a time, in a land far away,", max_tokens=1500, temperature=0.0
+        )
         await client.publish(req)
         assert isinstance(await client.next("r3"), StreamStarted)
         for _ in range(2):
