@@ -1,104 +1,34 @@
-"""worker-vllm against REAL vLLM on the CPU: streaming, usage, cancel, metrics, events."""
+"""worker-vllm against REAL vLLM on the CPU: the shared worker contract."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
-from llmlab_common.messages import AttemptEvent, StreamEnd, StreamStarted, TokenChunk
-from llmlab_testkit.natsclient import WorkerClient
+from llmlab_testkit import contract
+from llmlab_testkit.contract import EngineUnderTest
 from llmlab_testkit.procs import Stack
 from llmlab_testkit.vllm import SERVED_NAME, vllm_gauge
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm_cpu]
-POOL = "cpu-vllm"
 
 
-async def test_streams_tokens_usage_and_timings(stack: Stack, vllm_url: str) -> None:
-    w = stack.worker("vllm", POOL, vllm_url, max_concurrency=4)
-    async with WorkerClient(stack.namespace) as client:
-        req = client.request(
-            "r1",
-            POOL,
-            SERVED_NAME,
-            messages=[{"role": "user", "content": "Name three colours."}],
-            max_tokens=12,
-            temperature=0.0,
-        )
-        await client.publish(req)
-        msgs = await client.collect("r1", timeout=60)
-        assert isinstance(msgs[0], StreamStarted) and msgs[0].engine == "vllm"
-        chunks = [m for m in msgs if isinstance(m, TokenChunk)]
-        end = msgs[-1]
-        assert isinstance(end, StreamEnd), msgs
-        assert [m.seq for m in msgs] == list(range(len(msgs)))
-        assert "".join(c.text for c in chunks).strip()
-        # max_tokens=12 and a question that needs more: the engine stops on length.
-        assert end.finish_reason == "length"
-        assert end.usage.completion_tokens == 12
-        assert end.usage.prompt_tokens > 5
-        assert end.usage.total_tokens == end.usage.prompt_tokens + 12
-        times = [t for c in chunks for t in c.token_times]
-        assert times == sorted(times) and len(times) >= 10
-        assert end.timings.ttft_s is not None and 0 < end.timings.ttft_s < 30
-        assert end.timings.itl_p50_s is not None and end.timings.tpot_s is not None
-        assert end.timings.nats_queue_s >= 0
-
-        # one attempt event with the same usage
-        raw = await client.events(client.topo.attempt_event_subject)
-        events = [AttemptEvent.model_validate_json(r) for r in raw]
-        assert [(e.request_id, e.outcome, e.source) for e in events] == [("r1", "completed", "worker")]
-        assert events[0].usage == end.usage
-    assert w.alive()
+@pytest.fixture
+def engine(vllm_url: str) -> EngineUnderTest:
+    return EngineUnderTest(
+        "vllm", "cpu-vllm", vllm_url, SERVED_NAME, lambda: vllm_gauge(vllm_url, "vllm:num_requests_running")
+    )
 
 
-async def test_stop_sequence_and_completions_endpoint(stack: Stack, vllm_url: str) -> None:
-    stack.worker("vllm", POOL, vllm_url)
-    async with WorkerClient(stack.namespace) as client:
-        req = client.request("r2", POOL, SERVED_NAME, prompt="1, 2, 3, 4,", max_tokens=40, temperature=0.0, stop=[","])
-        await client.publish(req)
-        msgs = await client.collect("r2")
-        end = msgs[-1]
-        assert isinstance(end, StreamEnd)
-        assert end.finish_reason == "stop"
-        assert end.usage.completion_tokens < 40
+async def test_streams_tokens_usage_and_timings(stack: Stack, engine: EngineUnderTest) -> None:
+    await contract.streams_tokens_usage_and_timings(stack, engine)
 
 
-async def test_cancel_stops_generation_on_the_engine(stack: Stack, vllm_url: str) -> None:
-    stack.worker("vllm", POOL, vllm_url)
-    async with WorkerClient(stack.namespace) as client:
-        # Greedy decoding of this prompt runs far past the tokens we wait for (sampling could
-        # stop at once on EOS and make the test meaningless).
-        req = client.request(
-            "r3", POOL, SERVED_NAME, prompt="Once upon a time, in a land far away,", max_tokens=1500, temperature=0.0
-        )
-        await client.publish(req)
-        assert isinstance(await client.next("r3"), StreamStarted)
-        for _ in range(2):
-            assert isinstance(await client.next("r3"), TokenChunk)
-        assert vllm_gauge(vllm_url, "vllm:num_requests_running") >= 1
-        await client.cancel("r3")
-        deadline = time.monotonic() + 10
-        while vllm_gauge(vllm_url, "vllm:num_requests_running") > 0:
-            assert time.monotonic() < deadline, "engine still running the cancelled request"
-            await asyncio.sleep(0.2)
-        raw = []
-        for _ in range(20):
-            raw = await client.events(client.topo.attempt_event_subject, timeout=0.5)
-            if raw:
-                break
-        ev = AttemptEvent.model_validate_json(raw[0])
-        assert ev.outcome == "cancelled" and ev.usage is not None and 0 < ev.usage.completion_tokens < 1500
+async def test_stop_sequence_on_completions(stack: Stack, engine: EngineUnderTest) -> None:
+    await contract.stop_sequence_on_completions(stack, engine, prompt="1, 2, 3, 4,", stop=",")
 
 
-async def test_heartbeat_carries_engine_load(stack: Stack, vllm_url: str) -> None:
-    stack.worker("vllm", POOL, vllm_url, heartbeat_s=0.2)
-    async with WorkerClient(stack.namespace) as client:
-        await asyncio.sleep(1.0)
-        hbs = [h for h in client.heartbeats if h.pool == POOL]
-        assert hbs, "no heartbeat"
-        hb = hbs[-1]
-        assert hb.engine == "vllm" and hb.ready and hb.models == [SERVED_NAME]
-        assert hb.load.running is not None and hb.load.waiting is not None
-        assert hb.load.kv_cache_usage is not None and 0 <= hb.load.kv_cache_usage <= 1
+async def test_cancel_stops_generation_on_the_engine(stack: Stack, engine: EngineUnderTest) -> None:
+    await contract.cancel_stops_generation_on_the_engine(stack, engine)
+
+
+async def test_heartbeat_carries_engine_load(stack: Stack, engine: EngineUnderTest) -> None:
+    await contract.heartbeat_carries_engine_load(stack, engine)

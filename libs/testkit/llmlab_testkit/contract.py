@@ -1,0 +1,114 @@
+"""The worker contract, run against any engine: the real vLLM on CPU (worker-vllm), the
+simulator's SGLang flavour (worker-sglang) and real GPU engines (make gpu-smoke).
+
+Each check drives a worker over NATS exactly as the gateway does and asserts what the gateway
+relies on: ordered messages, usage, finish reasons, timings, cancel reaching the engine,
+heartbeats with the engine's load, one event per attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llmlab_common.messages import AttemptEvent, StreamEnd, StreamStarted, TokenChunk
+
+from llmlab_testkit.natsclient import WorkerClient
+from llmlab_testkit.procs import Stack
+
+
+@dataclass
+class EngineUnderTest:
+    engine: str  # "vllm" | "sglang"
+    pool: str
+    url: str
+    model: str  # served model name
+    running: Callable[[], float]  # the engine's own running-requests gauge
+
+
+async def streams_tokens_usage_and_timings(stack: Stack, e: EngineUnderTest) -> None:
+    w = stack.worker(e.engine, e.pool, e.url, max_concurrency=4)
+    async with WorkerClient(stack.namespace) as client:
+        req = client.request(
+            "r1",
+            e.pool,
+            e.model,
+            messages=[{"role": "user", "content": "Name three colours."}],
+            max_tokens=12,
+            temperature=0.0,
+        )
+        await client.publish(req)
+        msgs = await client.collect("r1", timeout=60)
+        assert isinstance(msgs[0], StreamStarted) and msgs[0].engine == e.engine
+        chunks = [m for m in msgs if isinstance(m, TokenChunk)]
+        end = msgs[-1]
+        assert isinstance(end, StreamEnd), msgs
+        assert [m.seq for m in msgs] == list(range(len(msgs)))
+        assert "".join(c.text for c in chunks).strip()
+        # max_tokens=12 and a question that needs more: the engine stops on length.
+        assert end.finish_reason == "length"
+        assert end.usage.completion_tokens == 12
+        assert end.usage.prompt_tokens > 5
+        assert end.usage.total_tokens == end.usage.prompt_tokens + 12
+        times = [t for c in chunks for t in c.token_times]
+        assert times == sorted(times) and len(times) >= 10
+        assert end.timings.ttft_s is not None and 0 < end.timings.ttft_s < 30
+        assert end.timings.itl_p50_s is not None and end.timings.tpot_s is not None
+        assert end.timings.nats_queue_s >= 0
+
+        raw = await client.events(client.topo.attempt_event_subject)
+        events = [AttemptEvent.model_validate_json(r) for r in raw]
+        assert [(ev.request_id, ev.outcome, ev.source) for ev in events] == [("r1", "completed", "worker")]
+        assert events[0].usage == end.usage
+    assert w.alive()
+
+
+async def stop_sequence_on_completions(stack: Stack, e: EngineUnderTest, prompt: str, stop: str) -> None:
+    stack.worker(e.engine, e.pool, e.url)
+    async with WorkerClient(stack.namespace) as client:
+        req = client.request("r2", e.pool, e.model, prompt=prompt, max_tokens=40, temperature=0.0, stop=[stop])
+        await client.publish(req)
+        end = (await client.collect("r2"))[-1]
+        assert isinstance(end, StreamEnd)
+        assert end.finish_reason == "stop"
+        assert end.usage.completion_tokens < 40
+
+
+async def cancel_stops_generation_on_the_engine(stack: Stack, e: EngineUnderTest) -> None:
+    stack.worker(e.engine, e.pool, e.url)
+    async with WorkerClient(stack.namespace) as client:
+        # Greedy decoding of this prompt runs far past the tokens we wait for.
+        req = client.request(
+            "r3", e.pool, e.model, prompt="Once upon a time, in a land far away,", max_tokens=1500, temperature=0.0
+        )
+        await client.publish(req)
+        assert isinstance(await client.next("r3"), StreamStarted)
+        for _ in range(2):
+            assert isinstance(await client.next("r3"), TokenChunk)
+        assert e.running() >= 1
+        await client.cancel("r3")
+        deadline = time.monotonic() + 10
+        while e.running() > 0:
+            assert time.monotonic() < deadline, "engine still running the cancelled request"
+            await asyncio.sleep(0.2)
+        raw: list[bytes] = []
+        for _ in range(20):
+            raw = await client.events(client.topo.attempt_event_subject, timeout=0.5)
+            if raw:
+                break
+        ev = AttemptEvent.model_validate_json(raw[0])
+        assert ev.outcome == "cancelled" and ev.usage is not None and 0 < ev.usage.completion_tokens < 1500
+
+
+async def heartbeat_carries_engine_load(stack: Stack, e: EngineUnderTest) -> None:
+    stack.worker(e.engine, e.pool, e.url, heartbeat_s=0.2)
+    async with WorkerClient(stack.namespace) as client:
+        await asyncio.sleep(1.0)
+        hbs = [h for h in client.heartbeats if h.pool == e.pool]
+        assert hbs, "no heartbeat"
+        hb = hbs[-1]
+        assert hb.engine == e.engine and hb.ready and hb.models == [e.model]
+        assert hb.load.running is not None and hb.load.waiting is not None
+        assert hb.load.kv_cache_usage is not None and 0 <= hb.load.kv_cache_usage <= 1
