@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
+from llmlab_common.settings import ServiceSettings
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
-
-from llmlab_common.settings import ServiceSettings
 
 
 class SimSettings(ServiceSettings):
@@ -22,6 +21,10 @@ class SimSettings(ServiceSettings):
     ttft_ms: float = Field(default=100.0, gt=0)
     # Time between two tokens of one request (one engine step).
     itl_ms: float = Field(default=50.0, gt=0)
+    # Scheduler timer granularity: a request admitted while the engine is busy waits for the next
+    # tick, and the loop wakes at most itl/tick times per ITL however many streams run. Set it to
+    # itl_ms for a strict step loop (one wake-up per ITL, admissions only at step boundaries).
+    tick_ms: float = Field(default=1.0, gt=0)
     # Requests running at once; the rest wait in the engine queue (FIFO, or by ``priority``).
     max_num_seqs: int = Field(default=256, ge=1)
     # Tokens a request generates when its max_tokens allows (finish_reason "stop");

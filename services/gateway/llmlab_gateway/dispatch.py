@@ -91,7 +91,9 @@ class _Handle:
         if not q.empty():
             return q.get_nowait()
         try:
-            return await asyncio.wait_for(q.get(), timeout)
+            # asyncio.timeout() wraps the current task; wait_for would create one per message.
+            async with asyncio.timeout(timeout):
+                return await q.get()
         except TimeoutError:
             return None
 
