@@ -140,3 +140,16 @@ async def test_engine_rejection_is_a_client_error_not_5xx(stack: Stack) -> None:
         await client(gw).chat.completions.create(
             model=LLAMA, messages=[{"role": "user", "content": "word " * 200}], max_tokens=3
         )
+
+
+async def test_body_over_the_bus_limit_is_413_not_500(stack: Stack) -> None:
+    # The gateway accepts 4 MiB bodies, but one NATS message is capped by the server's
+    # max_payload (1 MiB by default): the request is refused cleanly before publishing.
+    sim = stack.sim("vllm", LLAMA)
+    stack.worker("vllm", "gpu-vllm", url(sim))
+    gw = stack.gateway()
+    async with httpx.AsyncClient(timeout=10) as h:
+        r = await h.post(url(gw) + "/v1/chat/completions", headers=AUTH,
+                         json={"model": LLAMA, "messages": [{"role": "user", "content": "x" * 2_000_000}]})
+    assert r.status_code == 413, r.text
+    assert "max_payload" in r.json()["error"]["message"]

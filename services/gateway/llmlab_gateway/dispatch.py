@@ -12,6 +12,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmlab_common.errors import PayloadTooLarge
 from llmlab_common.messages import (
     STREAM_MESSAGE,
     AliveProbe,
@@ -161,9 +162,16 @@ class NatsDispatcher:
             if route.subject_kind == "worker" and route.worker_id
             else self.topo.pool_subject(dep.pool)
         )
+        payload = req.model_dump_json(exclude_none=True).encode()
+        if len(payload) > self.nc.max_payload:
+            self.inflight.pop(req.request_id, None)
+            raise PayloadTooLarge(
+                f"Request of {len(payload)} bytes exceeds the message bus limit of {self.nc.max_payload} bytes "
+                "(NATS max_payload)."
+            )
         await self.js.publish(
             subject,
-            req.model_dump_json(exclude_none=True).encode(),
+            payload,
             headers={"Nats-Msg-Id": attempt_msg_id(req.request_id, req.attempt)},
             timeout=5,
         )
