@@ -215,7 +215,7 @@ def create_app(settings: GatewaySettings, authenticator: Authenticator | None = 
                 model_label = request.app.state.catalog.resolve(model)[0].model
             gm.requests.labels(endpoint, model_label, str(err.status)).inc()
             log.info("refused %s: %d %s", endpoint, err.status, err.message)
-            service.refused(request_id, err, created_at, model, principal)
+            service.record_failure(request_id, err, created_at, model, principal)
             return _error_response(err, request_id)
         model_label = opened.deployment.model
         gm.ttft.labels(model_label).observe(time.time() - created_at)
@@ -289,6 +289,7 @@ async def _sse(
         # Headers are sent: report in-band as OpenAI does, then end the stream.
         status = str(err.status)
         log.warning("stream ended with error: %s", err.message)
+        service.record_failure(ctx.request_id, err, ctx.created_at, ctx.body.model, ctx.principal)
         yield wire.sse(err.to_openai())
         yield wire.SSE_DONE
         client_gone = False
@@ -323,6 +324,7 @@ async def _unary(
             text, tools, end = collect.result()
         except LLMLabError as err:
             gm.requests.labels(ctx.endpoint, model, str(err.status)).inc()
+            service.record_failure(ctx.request_id, err, ctx.created_at, ctx.body.model, ctx.principal)
             return _error_response(err, ctx.request_id)
         gm.tokens.labels(model).inc(end.usage.completion_tokens)
         gm.requests.labels(ctx.endpoint, model, "200").inc()

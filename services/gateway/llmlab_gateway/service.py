@@ -297,9 +297,10 @@ class CompletionService:
             self.dispatcher.cancel(ctx.request_id, None, "client_disconnected" if client_gone else "gateway_abort")
         self.dispatcher.release(ctx.request_id)
 
-    def refused(
+    def record_failure(
         self, request_id: str, err: LLMLabError, created_at: float, model: str | None, principal: Principal | None
     ) -> None:
+        """One RequestEvent per refused or failed request (before or after its first token)."""
         self.dispatcher.record_request(
             RequestEvent(
                 request_id=request_id,
