@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -45,7 +46,10 @@ class ManagedProcess:
         self.log_path = LOG_DIR / f"{self.name}-{secrets.token_hex(3)}.log"
         out = self.log_path.open("wb")
         full_env = {**os.environ, **self.env}
-        self.proc = subprocess.Popen(self.cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+        # Own process group: stopping it also stops children (vLLM runs its engine core in one).
+        self.proc = subprocess.Popen(
+            self.cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> ManagedProcess:
@@ -82,10 +86,15 @@ class ManagedProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def _signal_group(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
     def kill(self) -> None:
         if self.alive():
             assert self.proc is not None
-            self.proc.kill()
+            self._signal_group(signal.SIGKILL)
             self.proc.wait(10)
 
     def stop(self, timeout: float = 15.0) -> int | None:
@@ -99,6 +108,8 @@ class ManagedProcess:
                 log.warning("%s ignored SIGTERM for %.0fs; killing", self.name, timeout)
                 self.proc.kill()
                 self.proc.wait(10)
+        # Whatever the process left behind in its group (engine subprocesses) goes too.
+        self._signal_group(signal.SIGKILL)
         return self.proc.returncode
 
 
