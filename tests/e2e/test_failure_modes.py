@@ -149,7 +149,10 @@ async def test_body_over_the_bus_limit_is_413_not_500(stack: Stack) -> None:
     stack.worker("vllm", "gpu-vllm", url(sim))
     gw = stack.gateway()
     async with httpx.AsyncClient(timeout=10) as h:
-        r = await h.post(url(gw) + "/v1/chat/completions", headers=AUTH,
-                         json={"model": LLAMA, "messages": [{"role": "user", "content": "x" * 2_000_000}]})
+        r = await h.post(
+            url(gw) + "/v1/chat/completions",
+            headers=AUTH,
+            json={"model": LLAMA, "messages": [{"role": "user", "content": "x" * 2_000_000}]},
+        )
     assert r.status_code == 413, r.text
     assert "max_payload" in r.json()["error"]["message"]

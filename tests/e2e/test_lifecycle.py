@@ -76,3 +76,22 @@ async def test_events_one_per_attempt_and_one_per_refused_request(stack: Stack) 
     assert attempts[0].timings is not None and attempts[0].timings.ttft_s is not None
     assert sorted(e.status for e in refused) == [401, 404]
     assert all(e.error.message for e in refused)
+
+
+async def test_sigterm_on_the_gateway_lets_open_streams_finish(stack: Stack) -> None:
+    sim = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=20, output_len=60)
+    stack.worker("vllm", "gpu-vllm", url(sim))
+    gw = stack.gateway()
+    stream = await client(gw).chat.completions.create(model=LLAMA, messages=HELLO, max_tokens=60, stream=True)
+    first = await stream.__anext__()
+    assert first.choices
+    stopper = asyncio.create_task(asyncio.to_thread(gw.stop, 15))
+    await asyncio.sleep(0.2)
+    # draining: not ready any more, but the open stream runs to its end
+    finish = None
+    async for ch in stream:
+        if ch.choices and ch.choices[0].finish_reason:
+            finish = ch.choices[0].finish_reason
+    assert finish == "stop"
+    assert await stopper in (0, -15)
+    assert "draining" in gw.logs()

@@ -99,3 +99,21 @@ async def _stream_chat(base: str, request_id: asyncio.Future[str]) -> tuple[int,
             text.append(choice["delta"].get("content") or "")
             finish = choice["finish_reason"] or finish
         return resp.status_code, "".join(text), finish
+
+
+async def test_a_request_can_target_one_worker_of_the_pool(stack: Stack) -> None:
+    # The router's prefix affinity sends to <ns>.req.worker.<pool>.<id>: only that worker serves it.
+    from llmlab_common.messages import StreamEnd
+    from llmlab_testkit.natsclient import WorkerClient
+
+    sim = stack.sim("vllm", LLAMA, ttft_ms=10, itl_ms=5, output_len=8)
+    a = stack.worker("vllm", "gpu-vllm", url(sim), worker_id="wa")
+    b = stack.worker("vllm", "gpu-vllm", url(sim), worker_id="wb")
+    async with WorkerClient(stack.namespace) as wc:
+        for i in range(6):
+            await wc.publish(wc.request(f"t{i}", "gpu-vllm", LLAMA, prompt="hi", max_tokens=4), worker_id="wb")
+        for i in range(6):
+            end = (await wc.collect(f"t{i}"))[-1]
+            assert isinstance(end, StreamEnd)
+    assert metric(b, "llmlab_worker_attempts_total", outcome="completed") == 6
+    assert metric(a, "llmlab_worker_attempts_total") == 0

@@ -257,6 +257,9 @@ class Worker:
         await self.adapter.close()
         log.info("worker %s drained", self.settings.worker_id)
 
+    def _pool_feeder(self) -> PullFeeder:
+        return self._feeders[0]  # start() builds [pool, per-worker]
+
     # -- NATS plumbing ---------------------------------------------------------------------
     def publish_nowait(self, subject: str, payload: bytes) -> None:
         """Core publish from sync code: nats-py buffers synchronously before its first await,
@@ -296,8 +299,9 @@ class Worker:
 
     # -- taking work -----------------------------------------------------------------------
     async def _on_request(self, msg: Msg, held_slot: bool) -> None:
-        if not held_slot:
-            await self.capacity.take_up_to(1)
+        if not held_slot and not self.capacity.try_take() and not self._pool_feeder().steal_reserved():
+            # Busy: wait for the next free slot, ahead of the pool feeder.
+            await self.capacity.take_up_to(1, priority=True)
         try:
             req = InferenceRequest.model_validate_json(msg.data)
         except ValidationError as exc:

@@ -25,19 +25,38 @@ STATUS_HDR = "Status"
 
 
 class Capacity:
-    """Free slots of a worker, shared by its feeders and its running attempts."""
+    """Free slots of a worker, shared by its feeders and its running attempts.
+
+    Priority takers (messages addressed to this very worker) go before the pool feeder: while one
+    waits, the pool feeder may not reserve the slot it needs.
+    """
 
     def __init__(self, slots: int) -> None:
         self.total = slots
         self.free = slots
+        self.priority_waiting = 0
         self._cond = asyncio.Condition()
 
-    async def take_up_to(self, n: int) -> int:
+    async def take_up_to(self, n: int, priority: bool = False) -> int:
         async with self._cond:
-            await self._cond.wait_for(lambda: self.free > 0)
-            k = min(n, self.free)
+            if priority:
+                self.priority_waiting += 1
+                try:
+                    await self._cond.wait_for(lambda: self.free > 0)
+                finally:
+                    self.priority_waiting -= 1
+                k = min(n, self.free)
+            else:
+                await self._cond.wait_for(lambda: self.free - self.priority_waiting > 0)
+                k = min(n, self.free - self.priority_waiting)
             self.free -= k
             return k
+
+    def try_take(self) -> bool:
+        if self.free - self.priority_waiting > 0:
+            self.free -= 1
+            return True
+        return False
 
     async def release(self, n: int = 1) -> None:
         if n <= 0:
@@ -55,7 +74,8 @@ class PullFeeder:
     """One consumer's lingering pull, refilled as capacity frees.
 
     ``reserve_slots`` False (the per-worker consumer): pull one message at a time without
-    reserving; the handler waits for a slot itself, so at most one targeted message waits here.
+    reserving; the handler finds a slot itself (see :meth:`steal_reserved`), so at most one
+    targeted message waits here.
     """
 
     def __init__(
@@ -125,6 +145,16 @@ class PullFeeder:
                 if self.reserve_slots and self._remaining > 0:
                     await self.capacity.release(self._remaining)
                 self._remaining = 0
+
+    def steal_reserved(self) -> bool:
+        """Hand one slot reserved by this feeder's outstanding pull to someone else (a targeted
+        message must not wait for an idle pool's pull to expire). If the server later fills the
+        whole pull anyway, the extra message finds no reservation and waits for a slot: the worker
+        still never runs more than its capacity."""
+        if self.reserve_slots and self._remaining > 0:
+            self._remaining -= 1
+            return True
+        return False
 
     async def _on_msg(self, msg: Msg) -> None:
         status = msg.headers.get(STATUS_HDR) if msg.headers else None

@@ -139,3 +139,20 @@ async def test_coalescer_sends_sparse_tokens_at_once_and_bursts_together() -> No
     assert [m.text for m in w.sent] == ["a", "bc"]
     assert len(w.sent[1].token_times) == 2  # per-token arrival times survive coalescing
     assert [m.seq for m in w.sent] == [1, 2]
+
+
+async def test_priority_takers_go_before_the_pool_feeder() -> None:
+    from llmlab_worker.pull import Capacity
+
+    cap = Capacity(2)
+    assert await cap.take_up_to(5) == 2  # the pool feeder reserves everything
+    assert not cap.try_take()
+    targeted = asyncio.create_task(cap.take_up_to(1, priority=True))
+    pool = asyncio.create_task(cap.take_up_to(5))
+    await asyncio.sleep(0)
+    await cap.release(1)
+    await asyncio.sleep(0.01)
+    assert targeted.done() and targeted.result() == 1
+    assert not pool.done()  # the pool waits for the next slot
+    await cap.release(1)
+    assert await asyncio.wait_for(pool, 1) == 1

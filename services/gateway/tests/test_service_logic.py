@@ -180,3 +180,23 @@ async def test_worker_lost_mid_stream_ends_with_error() -> None:
     opened = await _service(d).open(_ctx())
     with pytest.raises(EngineError, match="lost mid-generation"):
         await _drain(opened)
+
+
+async def test_tools_and_response_format_pass_through_where_supported() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    body = {
+        "tools": tools,
+        "tool_choice": "auto",
+        "response_format": {"type": "json_object"},
+        "seed": 7,
+        "stop": "END",
+        "user": "u1",
+    }
+    d = FakeDispatcher(scripts=[[_started(1), _end(1, 1)], [_started(1), _end(1, 1)]])
+    svc = _service(d)
+    await svc.open(_ctx(**body))
+    p = d.dispatched[0].params
+    assert p.tools == tools and p.tool_choice == "auto" and p.response_format == {"type": "json_object"}
+    assert (p.seed, p.stop, p.user) == (7, ["END"], "u1")
+    await svc.open(_ctx(model="SmolLM2-135M-Instruct", **body))  # catalog: supports_tools false
+    assert d.dispatched[1].params.tools is None and d.dispatched[1].params.tool_choice is None
