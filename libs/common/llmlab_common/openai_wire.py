@@ -122,3 +122,18 @@ def merge_tool_call_deltas(acc: list[dict[str, Any]], deltas: list[dict[str, Any
             tgt["function"]["name"] += fn["name"]
         if fn.get("arguments"):
             tgt["function"]["arguments"] += fn["arguments"]
+
+
+class ContentChunkEncoder:
+    """SSE frames of plain content chunks for one stream, serialised once: each token then costs
+    one ``json.dumps`` of its text instead of building and dumping the whole chunk object."""
+
+    _MARK = "\x00llmlab-text\x00"
+
+    def __init__(self, endpoint: Endpoint, oid: str, created: int, model: str, include_usage_field: bool) -> None:
+        template = sse(chunk(endpoint, oid, created, model, text=self._MARK, include_usage_field=include_usage_field))
+        marker = json.dumps(self._MARK).encode()
+        self._prefix, _, self._suffix = template.partition(marker)
+
+    def encode(self, text: str) -> bytes:
+        return self._prefix + json.dumps(text).encode() + self._suffix

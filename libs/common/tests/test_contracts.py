@@ -60,3 +60,15 @@ def test_metrics_enforce_conventions_and_parse_back() -> None:
     assert parse_prometheus_text(body.decode())["t_requests_total"] == 3
     text = 'vllm:num_requests_running{engine="0",model_name="x"} 2.0\nvllm:num_requests_running{engine="1"} 1\n'
     assert parse_prometheus_text(text)["vllm:num_requests_running"] == 3.0
+
+
+def test_content_chunk_encoder_matches_the_full_chunk() -> None:
+    import json
+
+    from llmlab_common import openai_wire as wire
+
+    for endpoint in ("chat", "completions"):
+        enc = wire.ContentChunkEncoder(endpoint, "id1", 5, "m", include_usage_field=True)
+        for text in ("hi", ' "quoted" \\ \n', "ünï"):
+            full = wire.sse(wire.chunk(endpoint, "id1", 5, "m", text=text, include_usage_field=True))
+            assert json.loads(enc.encode(text)[6:]) == json.loads(full[6:])

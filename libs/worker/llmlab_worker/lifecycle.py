@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -18,6 +19,7 @@ from llmlab_common.messages import (
     AttemptEvent,
     AttemptOutcome,
     CancelRequest,
+    EngineLoad,
     ErrorInfo,
     FinishReason,
     Heartbeat,
@@ -112,7 +114,8 @@ class _Coalescer:
             self._timer = None
         if not self.times:
             return
-        msg = TokenChunk(
+        # model_construct: built from our own fields on the hot path, no validation needed.
+        msg = TokenChunk.model_construct(
             request_id=self.req.request_id,
             attempt=self.req.attempt,
             seq=self.next_seq(),
@@ -134,6 +137,39 @@ class _Coalescer:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+class _Outbox:
+    """One ordered queue of core-NATS publishes drained by a single task: token messages from
+    every attempt (and timer flushes) leave in the order they were made, at the cost of a deque
+    append each instead of a task each."""
+
+    def __init__(self) -> None:
+        self._q: deque[tuple[str, bytes]] = deque()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def put(self, subject: str, payload: bytes) -> None:
+        self._q.append((subject, payload))
+        self._idle.clear()
+        self._wake.set()
+
+    async def run(self, nc: NATS) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._q:
+                subject, payload = self._q.popleft()
+                try:
+                    await nc.publish(subject, payload)
+                except Exception:
+                    log.exception("publish to %s failed", subject)
+            self._idle.set()
+
+    async def flushed(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
 
 
 class Worker:
@@ -158,7 +194,8 @@ class Worker:
         self._feeders: list[PullFeeder] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._engine_failures = 0
-        self._publish_tasks: set[asyncio.Task[None]] = set()
+        self._outbox = _Outbox()
+        self._load = EngineLoad()
 
     # -- lifecycle -------------------------------------------------------------------------
     def ready(self) -> bool:
@@ -194,6 +231,7 @@ class Worker:
             ),
         )
         await self.nc.subscribe(self.topo.cancel_subject, cb=self._on_cancel)
+        self._tasks.append(asyncio.create_task(self._outbox.run(self.nc), name="outbox"))
         self._feeders = [
             PullFeeder(
                 self.nc,
@@ -247,6 +285,7 @@ class Worker:
                 r.task.cancel()
         if self.running:
             await asyncio.sleep(0.1)
+        await self._outbox.flushed(2.0)
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -262,13 +301,8 @@ class Worker:
 
     # -- NATS plumbing ---------------------------------------------------------------------
     def publish_nowait(self, subject: str, payload: bytes) -> None:
-        """Core publish from sync code: nats-py buffers synchronously before its first await,
-        so order is kept; the task only matters when the buffer must be flushed."""
-        assert self.nc is not None
-        task = asyncio.ensure_future(self.nc.publish(subject, payload))
-        if not task.done():
-            self._publish_tasks.add(task)
-            task.add_done_callback(self._publish_tasks.discard)
+        """Core publish from sync code, in order, without a task per message."""
+        self._outbox.put(subject, payload)
 
     async def _publish_event(self, event: AttemptEvent) -> None:
         assert self.js is not None
@@ -536,12 +570,6 @@ class Worker:
     async def _publish_heartbeat(self) -> None:
         if self.nc is None or not self.nc.is_connected:
             return
-        load = None
-        if self.engine_ready:
-            try:
-                load = await self.adapter.load()
-            except Exception as exc:
-                log.debug("engine metrics unavailable: %s", exc)
         hb = Heartbeat(
             worker_id=self.settings.worker_id,
             pool=self.settings.pool,
@@ -553,18 +581,29 @@ class Worker:
             draining=self.draining,
             interval_s=self.settings.heartbeat_interval_s,
             sent_at=time.time(),
-            **({"load": load} if load is not None else {}),
+            load=self._load,
         )
         await self.nc.publish(
             self.topo.heartbeat_subject(self.settings.pool, self.settings.worker_id), hb.model_dump_json().encode()
         )
 
+    async def _refresh_load(self) -> None:
+        if not self.engine_ready:
+            self._load = EngineLoad()
+            return
+        try:
+            self._load = await self.adapter.load()
+        except Exception as exc:
+            log.debug("engine metrics unavailable: %s", exc)
+
     async def _heartbeat_loop(self) -> None:
         interval = self.settings.heartbeat_interval_s
         while True:
             try:
-                await self._check_engine()
+                # Heartbeat first, with the last known load: a slow engine poll must not delay it.
                 await self._publish_heartbeat()
+                await self._check_engine()
+                await self._refresh_load()
                 await self._keep_alive_running()
                 now = time.monotonic()
                 for key, expiry in list(self.cancelled.items()):

@@ -255,34 +255,9 @@ async def _sse(
             yield wire.sse(
                 wire.chunk(endpoint, oid, created, model, role="assistant", text="", include_usage_field=include_usage)
             )
-        async for m in opened:
-            if isinstance(m, TokenChunk):
-                yield wire.sse(
-                    wire.chunk(
-                        endpoint,
-                        oid,
-                        created,
-                        model,
-                        text=m.text,
-                        tool_calls=m.tool_calls,
-                        include_usage_field=include_usage,
-                    )
-                )
-            elif isinstance(m, StreamEnd):
-                gm.tokens.labels(model).inc(m.usage.completion_tokens)
-                yield wire.sse(
-                    wire.chunk(
-                        endpoint,
-                        oid,
-                        created,
-                        model,
-                        text="" if endpoint == "completions" else None,
-                        finish_reason=m.finish_reason,
-                        include_usage_field=include_usage,
-                    )
-                )
-                if include_usage:
-                    yield wire.sse(wire.chunk(endpoint, oid, created, model, usage=m.usage))
+        content = wire.ContentChunkEncoder(endpoint, oid, created, model, include_usage)
+        async for batch in opened.batches():
+            yield b"".join(_frames(batch, content, endpoint, oid, created, model, include_usage, gm))
         yield wire.SSE_DONE
         client_gone = False
     except LLMLabError as err:
@@ -298,6 +273,54 @@ async def _sse(
         gm.requests.labels(endpoint, model, "499" if client_gone else status).inc()
         gm.e2e.labels(model).observe(time.time() - ctx.created_at)
         service.close(opened, ctx, client_gone)
+
+
+def _frames(
+    batch: list[TokenChunk | StreamEnd],
+    content: wire.ContentChunkEncoder,
+    endpoint: Endpoint,
+    oid: str,
+    created: int,
+    model: str,
+    include_usage: bool,
+    gm: GatewayMetrics,
+) -> list[bytes]:
+    out: list[bytes] = []
+    for m in batch:
+        if isinstance(m, TokenChunk) and not m.tool_calls:
+            out.append(content.encode(m.text))
+        elif isinstance(m, TokenChunk):
+            out.append(
+                wire.sse(
+                    wire.chunk(
+                        endpoint,
+                        oid,
+                        created,
+                        model,
+                        text=m.text,
+                        tool_calls=m.tool_calls,
+                        include_usage_field=include_usage,
+                    )
+                )
+            )
+        else:
+            gm.tokens.labels(model).inc(m.usage.completion_tokens)
+            out.append(
+                wire.sse(
+                    wire.chunk(
+                        endpoint,
+                        oid,
+                        created,
+                        model,
+                        text="" if endpoint == "completions" else None,
+                        finish_reason=m.finish_reason,
+                        include_usage_field=include_usage,
+                    )
+                )
+            )
+            if include_usage:
+                out.append(wire.sse(wire.chunk(endpoint, oid, created, model, usage=m.usage)))
+    return out
 
 
 async def _unary(

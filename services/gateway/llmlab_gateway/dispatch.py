@@ -58,6 +58,10 @@ class WorkerRegistry:
         seen = self.workers.get(worker_id)
         return seen is not None and seen.expires_at > time.monotonic()
 
+    def ttl(self, worker_id: str) -> float:
+        seen = self.workers.get(worker_id)
+        return HEARTBEAT_MISSES * (seen.hb.interval_s if seen else 1.0)
+
     def live_ready(self, pool: str) -> int:
         now = time.monotonic()
         return sum(
@@ -80,12 +84,17 @@ class _Inflight:
     worker_id: str | None = None
     lost_reported: bool = False
     done: bool = False
+    last_msg_at: float = field(default_factory=time.monotonic)
 
 
 class _Handle:
     def __init__(self, inflight: _Inflight) -> None:
         self._inf = inflight
         self.attempt = inflight.attempt
+
+    def next_nowait(self) -> AttemptMessage | None:
+        q = self._inf.queue
+        return q.get_nowait() if not q.empty() else None
 
     async def next(self, timeout: float) -> AttemptMessage | None:
         q = self._inf.queue
@@ -231,6 +240,7 @@ class NatsDispatcher:
             inf.next_seq = m.seq + 1
             return
         inf.next_seq += 1
+        inf.last_msg_at = time.monotonic()
         if isinstance(m, StreamStarted):
             inf.worker_id = m.worker_id
         inf.queue.put_nowait(m)
@@ -259,10 +269,16 @@ class NatsDispatcher:
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(self._sweep_interval)
+            now = time.monotonic()
             for inf in list(self.inflight.values()):
-                if inf.worker_id and not inf.done and not inf.lost_reported and not self.registry.alive(inf.worker_id):
+                wid = inf.worker_id
+                if not wid or inf.done or inf.lost_reported or self.registry.alive(wid):
+                    continue
+                # Tokens still arriving prove the worker alive even when its heartbeats lag (an
+                # overloaded event loop); lost means silent on both for the heartbeat TTL.
+                if now - inf.last_msg_at > self.registry.ttl(wid):
                     inf.lost_reported = True
-                    inf.queue.put_nowait(WorkerLost(inf.attempt, inf.worker_id))
+                    inf.queue.put_nowait(WorkerLost(inf.attempt, wid))
             pools = {s.hb.pool for s in self.registry.workers.values()}
             for pool in pools:
                 self.workers_gauge.labels(pool).set(self.registry.live_ready(pool))

@@ -68,6 +68,10 @@ class AttemptHandle(Protocol):
         """The attempt's next message in order, or None after ``timeout`` seconds of silence."""
         ...
 
+    def next_nowait(self) -> AttemptMessage | None:
+        """The next message if one is already waiting, else None."""
+        ...
+
 
 class Dispatcher(Protocol):
     def live_workers(self, pool: str) -> int: ...
@@ -108,30 +112,50 @@ class OpenedStream:
     attempts: int = 1
 
     async def __aiter__(self) -> AsyncIterator[TokenChunk | StreamEnd]:
+        async for batch in self.batches():
+            for m in batch:
+                yield m
+
+    async def batches(self) -> AsyncIterator[list[TokenChunk | StreamEnd]]:
+        """Messages in order, grouped by what is already waiting: a client that fell behind gets
+        its backlog in one write instead of one write per message."""
         msg: AttemptMessage | None = self.first
         while True:
-            if isinstance(msg, TokenChunk):
-                yield msg
-            elif isinstance(msg, StreamEnd):
-                self.finished = True
-                self.end = msg
-                yield msg
-                return
-            elif isinstance(msg, StreamError):
-                self.finished = True
-                raise error_from_info(msg.error)
-            elif isinstance(msg, WorkerLost):
-                raise EngineError(
-                    f"worker {msg.worker_id} was lost mid-generation; the partial answer cannot be resumed",
-                    code="worker_lost",
-                )
-            elif isinstance(msg, StreamGap):
-                raise EngineError(
-                    f"token stream lost messages (expected {msg.expected}, got {msg.got})", code="stream_gap"
-                )
-            elif msg is None:
-                raise UpstreamTimeout(f"no tokens for {self.idle_timeout_s:.0f}s; giving up on the stream")
+            batch: list[TokenChunk | StreamEnd] = []
+            while msg is not None:
+                if isinstance(msg, TokenChunk):
+                    batch.append(msg)
+                elif isinstance(msg, StreamEnd):
+                    self.finished = True
+                    self.end = msg
+                    batch.append(msg)
+                    yield batch
+                    return
+                else:
+                    if batch:
+                        yield batch  # what arrived before the failure still reaches the client
+                    raise self._failure(msg)
+                msg = self.handle.next_nowait()
+            if batch:
+                yield batch
             msg = await self.handle.next(self.idle_timeout_s)
+            if msg is None:
+                raise UpstreamTimeout(f"no tokens for {self.idle_timeout_s:.0f}s; giving up on the stream")
+
+    def _failure(self, msg: StreamStarted | StreamError | WorkerLost | StreamGap) -> LLMLabError:
+        if isinstance(msg, StreamError):
+            self.finished = True
+            return error_from_info(msg.error)
+        if isinstance(msg, WorkerLost):
+            return EngineError(
+                f"worker {msg.worker_id} was lost mid-generation; the partial answer cannot be resumed",
+                code="worker_lost",
+            )
+        if isinstance(msg, StreamGap):
+            return EngineError(
+                f"token stream lost messages (expected {msg.expected}, got {msg.got})", code="stream_gap"
+            )
+        return EngineError("protocol error: a second 'started' message in one attempt", code="stream_gap")
 
 
 class CompletionService:

@@ -38,6 +38,11 @@ class _Handle:
     attempt: int
     script: list[AttemptMessage | None]
 
+    def next_nowait(self) -> AttemptMessage | None:
+        if self.script and self.script[0] is not None:
+            return self.script.pop(0)
+        return None
+
     async def next(self, timeout: float) -> AttemptMessage | None:
         if not self.script:
             await asyncio.sleep(min(timeout, 0.01))
