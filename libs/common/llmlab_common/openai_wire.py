@@ -133,7 +133,7 @@ class ContentChunkEncoder:
     def __init__(self, endpoint: Endpoint, oid: str, created: int, model: str, include_usage_field: bool) -> None:
         template = sse(chunk(endpoint, oid, created, model, text=self._MARK, include_usage_field=include_usage_field))
         marker = json.dumps(self._MARK).encode()
-        self._prefix, _, self._suffix = template.partition(marker)
+        self.prefix, _, self.suffix = template.partition(marker)
 
     def encode(self, text: str) -> bytes:
-        return self._prefix + json.dumps(text).encode() + self._suffix
+        return self.prefix + json.dumps(text).encode() + self.suffix

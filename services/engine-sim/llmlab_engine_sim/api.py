@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from llmlab_common.messages import Endpoint, Usage
-from llmlab_common.openai_wire import SSE_DONE, chunk, completion, object_id, sse
+from llmlab_common.openai_wire import SSE_DONE, ContentChunkEncoder, chunk, completion, object_id, sse
 from llmlab_common.runtime import ServiceState
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.types import Receive, Scope, Send
@@ -34,8 +34,6 @@ from llmlab_engine_sim.settings import SimSettings
 log = logging.getLogger(__name__)
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
-_SENTINEL = "\x00llmlab-sim-token\x00"
-_SENTINEL_JSON = json.dumps(_SENTINEL).encode()
 _ENCODED: dict[str, bytes] = {tok: json.dumps(tok).encode() for tok in textgen.VOCAB}
 
 
@@ -59,8 +57,8 @@ class _Frames:
         self.created = created
         self.model = model
         self.include_usage = include_usage
-        frame = sse(chunk(endpoint, oid, created, model, text=_SENTINEL, include_usage_field=include_usage))
-        self.prefix, self.suffix = frame.split(_SENTINEL_JSON)
+        content = ContentChunkEncoder(endpoint, oid, created, model, include_usage)
+        self.prefix, self.suffix = content.prefix, content.suffix
 
     def role(self) -> bytes:
         return sse(
