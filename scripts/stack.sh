@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-RUN=.run
+RUN="${LLMLAB_RUN_DIR:-.run}"
 GATEWAY_PORT="${GATEWAY_PORT:-8080}"
 SIM_VLLM_PORT="${SIM_VLLM_PORT:-8001}"
 SIM_SGLANG_PORT="${SIM_SGLANG_PORT:-8002}"

@@ -1,0 +1,93 @@
+"""The metadata block every benchmark and experiment writes beside its results (MISSION.md,
+"Rules for every benchmark": the §12 fields; a field that does not apply says why)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import importlib.metadata
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+SIMULATED_NOTE = (
+    "All figures come from the engine simulator (fixed TTFT/ITL timing on the CPU), not a GPU: "
+    "they measure the serving stack, not model serving performance."
+)
+
+
+def git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def cpu_model() -> str:
+    model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model}, {psutil.cpu_count(logical=True)} logical cores ({psutil.cpu_count(logical=False)} physical)"
+
+
+def dist_version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def metadata_block(
+    *,
+    started: dt.datetime,
+    duration_s: float,
+    engine: str,
+    model_id: str,
+    concurrency: Any,
+    warmup: str,
+    prompt_dataset: str,
+    input_length_distribution: str,
+    output_length_distribution: str,
+    sampling_parameters: Any,
+    command: str,
+    simulated: bool = True,
+    **extra: Any,
+) -> dict[str, Any]:
+    dirty = [line for line in git("status", "--porcelain").splitlines() if line.strip()]
+    out: dict[str, Any] = {
+        "date": started.isoformat(timespec="seconds"),
+        "git_commit": git("rev-parse", "HEAD") or "unknown",
+        "git_dirty": bool(dirty),
+        "model_id": model_id,
+        "model_revision": "n/a (simulator: no weights are loaded; the name is only served)" if simulated else "unknown",
+        "engine": engine,
+        "engine_version": f"llmlab-engine-sim {dist_version('llmlab-engine-sim')}" if simulated else "unknown",
+        "container_image": "n/a (processes run on the host from the repository venv)",
+        "gpu": "none (simulated)" if simulated else "unknown",
+        "gpu_count": 0,
+        "driver": "n/a (no GPU)",
+        "cuda_or_rocm": "n/a (no GPU)",
+        "cpu": cpu_model(),
+        "ram": f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
+        "prompt_dataset": prompt_dataset,
+        "input_length_distribution": input_length_distribution,
+        "output_length_distribution": output_length_distribution,
+        "concurrency": concurrency,
+        "warmup": warmup,
+        "duration": f"{duration_s:.0f} s",
+        "sampling_parameters": sampling_parameters,
+        "simulated": simulated,
+        "python": platform.python_version(),
+        "command_line": command,
+    }
+    if simulated:
+        out["simulated_note"] = SIMULATED_NOTE
+    out.update(extra)
+    return out

@@ -1,0 +1,188 @@
+"""The relay benchmark: comparison/target/analysis math and report rendering (unit), and the
+``--quick`` run end to end (e2e: starts the simulator, worker and gateway)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import relay_bench as rb
+
+BENCH = Path(rb.__file__).resolve()
+
+
+def _run(level: int, mode: str, repeat: int, ttft50: float | None, ttft99: float | None, tps: float, *,
+         failed: int = 0,
+         cpu: dict[str, float] | None = None, gap: float = 0.5, errors: dict[str, int] | None = None) -> rb.Run:
+    r = rb.Run(level=level, mode=mode, repeat=repeat, tokens=256, wall_s=10.0)
+    r.summary = {
+        "requests": {"total": level, "ok": level - failed, "failed": failed},
+        "errors": errors or {}, "error_samples": {"stream": ["in-band error (worker_lost): gone"]} if failed else {},
+        "ttft_ms": {"p50": ttft50, "p99": ttft99}, "itl_ms": {"p99": 60.0 if mode == "direct" else 90.0},
+        "tpot_ms": {"p50": 50.0}, "e2e_ms": {"p50": 12900.0}, "output_tokens_per_s": tps,
+        "output_tokens": int(tps * 10),
+    }
+    cpu = cpu or {"simulator": 0.3, "client": 0.4}
+    r.processes = {n: {"cpu_s": v * 10, "cpu_util_mean": v, "cpu_util_peak": min(1.0, v + 0.1), "rss_peak_mb": 60.0}
+                   for n, v in cpu.items()}
+    r.system = {"busy_cores_mean": sum(cpu.values()), "other_cpu_s": 0.5}
+    r.engine_tokens = int(tps * 10) if not failed else 2000
+    r.liveness = {"heartbeat_gap_max_s": gap, "worker_health_ms_max": 3500.0 if gap > 3 else 5.0,
+                  "gateway_health_ms_max": 700.0}
+    return r
+
+
+def _runs() -> list[rb.Run]:
+    hot = {"simulator": 0.4, "client": 0.3, "worker": 0.95, "gateway": 0.6, "nats-server": 0.05}
+    calm = {"simulator": 0.01, "client": 0.01, "worker": 0.002, "gateway": 0.002, "nats-server": 0.001}
+    return [
+        _run(1, "direct", 0, 150.0, 150.0, 5.0),  # warm-up: must not count
+        _run(1, "stack", 0, 900.0, 900.0, 5.0),
+        _run(1, "direct", 1, 100.0, 104.0, 19.9),
+        _run(1, "stack", 1, 104.0, 110.0, 19.8, cpu=calm),
+        _run(1, "direct", 2, 101.0, 105.0, 19.9),
+        _run(1, "stack", 2, 107.0, 140.0, 19.7, cpu=calm),
+        _run(1000, "direct", 1, 1000.0, 1030.0, 18500.0),
+        _run(1000, "stack", 1, 4000.0, 9000.0, 12000.0, cpu=hot, gap=6.1),
+        _run(1000, "direct", 2, 1010.0, 1040.0, 18400.0),
+        _run(1000, "stack", 2, None, None, 0.0, failed=1000, errors={"stream": 1000}, cpu=hot, gap=6.5),
+    ]
+
+
+@pytest.mark.unit
+def test_compare_level_pairs_repeats_and_skips_warmups() -> None:
+    c = rb.compare_level(_runs(), 1)
+    assert c["repeats"] == 2
+    assert c["added_ttft_p50_ms"]["runs"] == pytest.approx([4.0, 6.0])
+    assert c["added_ttft_p50_ms"]["mean"] == pytest.approx(5.0)
+    assert c["added_ttft_p50_ms"]["spread"] == pytest.approx(2.0)
+    assert c["added_ttft_p99_ms"]["runs"] == pytest.approx([6.0, 35.0])
+    assert c["itl_p99_ratio"]["mean"] == pytest.approx(1.5)
+    assert c["tokens_per_s_ratio"]["runs"] == pytest.approx([19.8 / 19.9, 19.7 / 19.9], abs=1e-4)
+    assert c["direct"]["ttft_p50_ms"]["mean"] == pytest.approx(100.5)
+    assert c["all_ok"]
+
+
+@pytest.mark.unit
+def test_targets_pass_and_miss() -> None:
+    comps = [rb.compare_level(_runs(), lv) for lv in (1, 1000)]
+    t = {(x["level"], x["target"].split(" <=")[0].split(" >=")[0]): x for x in rb.evaluate_targets(comps)}
+    assert t[(1, "added TTFT p50")]["result"] == "PASS"  # 5.0 <= 5
+    assert t[(1, "added TTFT p99")]["result"] == "PASS"  # mean of 6 and 35 = 20.5 <= 25
+    assert t[(1, "added TTFT p99")]["value"] == pytest.approx(20.5)
+    assert t[(1000, "added TTFT p50")]["result"] == "MISS"
+    assert t[(1000, "added TTFT p50")]["value"] == pytest.approx(3000.0)  # the failed repeat has no TTFT
+    assert t[(1000, "tokens/s stack/direct")]["result"] == "MISS"
+    assert t[(1000, "tokens/s stack/direct")]["value"] == pytest.approx((12000 / 18500 + 0.0) / 2, abs=1e-4)
+    assert comps[1]["failures"]["stack"]["failed"] == 1000 and not comps[1]["all_ok"]
+
+
+@pytest.mark.unit
+def test_targets_fall_back_to_the_highest_level_when_1000_was_not_run() -> None:
+    comps = [rb.compare_level(_runs(), 1)]
+    tok = [x for x in rb.evaluate_targets(comps) if x["target"].startswith("tokens/s")]
+    assert tok[0]["level"] == 1 and "defined at 1000" in tok[0]["note"] and tok[0]["result"] == "PASS"
+
+
+@pytest.mark.unit
+def test_analysis_names_the_saturated_process_and_the_liveness_failure() -> None:
+    comps = [rb.compare_level(_runs(), lv) for lv in (1, 1000)]
+    text = "\n".join(rb.analyse(comps, cores=2, heartbeat_s=1.0))
+    assert "1000 streams, stack" in text and "worker saturates a core" in text
+    assert "out of CPU" in text
+    assert "FAILED" in text and "worker_lost" in text
+    assert "heartbeats arrived up to 6.5 s apart" in text
+    # Per token the engine generated at the top level (the failed run generated 2,000 tokens, the
+    # other 120,000 as delivered): (0.6 + 0.95 + 0.05) cores * 20 s / 122,000 tokens = 262 us.
+    assert "Relay CPU per token carried at 1000 streams" in text
+    assert "262 us/token" in text and "(18450 tok/s)" in text and "CPU-bound by construction" in text
+
+
+@pytest.mark.unit
+def test_monitor_window_measures_heartbeat_gaps() -> None:
+    m = rb.Monitor("nats://127.0.0.1:1", "tx", {"worker": "http://127.0.0.1:1"})
+    m.heartbeats = [(9.5, 0), (10.5, 3), (11.5, 3), (15.0, 3)]
+    m.health = [(10.0, "worker", 5.0), (12.0, "worker", 2500.0), (13.0, "worker", float("inf"))]
+    w = m.window(10.0, 16.0)
+    assert w["heartbeats"] == 3
+    assert w["heartbeat_gap_max_s"] == pytest.approx(3.5)
+    assert w["worker_health_ms_max"] == pytest.approx(2500.0)
+    assert w["worker_health_failed"] == 1
+    silent = m.window(15.5, 25.0)  # nothing after 15.0: the gap runs to the window's end
+    assert silent["heartbeats"] == 0 and silent["heartbeat_gap_max_s"] == pytest.approx(10.0)
+
+
+def _doc(tmp_path: Path) -> dict[str, Any]:
+    comps = [rb.compare_level(_runs(), lv) for lv in (1, 1000)]
+    meta = {k: "x" for k in REQUIRED_METADATA}
+    meta.update(date="2026-01-01T00:00:00+00:00", git_commit="0123456789abcdef", git_dirty=False,
+                simulator={"ttft_ms": 100, "itl_ms": 50, "output_len": 256}, repeats=2)
+    return {"metadata": meta,
+            "summary": {"levels": comps, "targets": rb.evaluate_targets(comps), "analysis": rb.analyse(comps, 2)},
+            "runs": [r.to_json() for r in _runs()]}
+
+
+@pytest.mark.unit
+def test_reports_render(tmp_path: Path) -> None:
+    doc = _doc(tmp_path)
+    md = rb.render_markdown(doc)
+    assert "| 1000 |" in md and "**MISS**" in md and "## What limits it" in md and "Warm-up runs" in md
+    png = tmp_path / "plot.png"
+    rb.render_plot(doc, png)
+    assert png.stat().st_size > 10_000
+    lines = rb.report_lines(doc, {"json": tmp_path / "x.json"})
+    assert any(ln.strip().startswith("1000") for ln in lines)
+    assert any("MISS" in ln for ln in lines)
+
+
+REQUIRED_METADATA = (
+    "date", "git_commit", "git_dirty", "model_id", "model_revision", "engine", "engine_version", "container_image",
+    "gpu", "gpu_count", "driver", "cuda_or_rocm", "cpu", "ram", "prompt_dataset", "input_length_distribution",
+    "output_length_distribution", "concurrency", "warmup", "duration", "sampling_parameters", "simulated",
+    "simulated_note", "command_line",
+)
+
+
+@pytest.mark.e2e
+def test_quick_bench_end_to_end(tmp_path: Path) -> None:
+    """``relay_bench.py --quick``: the whole stack plus the simulator, levels 1 and 100 (about a minute)."""
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    latest = json.loads((tmp_path / "relay-latest.json").read_text())
+    stamped = sorted(tmp_path.glob("relay-2*.json"))
+    assert len(stamped) == 1 and json.loads(stamped[0].read_text()) == latest
+    assert stamped[0].with_suffix(".md").exists() and stamped[0].with_suffix(".png").exists()
+    meta = latest["metadata"]
+    for key in REQUIRED_METADATA:
+        assert key in meta and meta[key] not in (None, ""), key
+    assert meta["simulated"] is True and meta["gpu"] == "none (simulated)"
+    runs = latest["runs"]
+    assert {(r["level"], r["mode"], r["repeat"]) for r in runs} == {
+        (lv, m, rep) for lv in (1, 100) for m in ("direct", "stack") for rep in (0, 1)}
+    for r in runs:  # a benchmark, not a test of targets: only that every request came back
+        assert r["requests_failed"] == 0 and r["requests_ok"] == r["level"], r
+        assert {"simulator", "worker", "gateway", "client"} <= set(r["processes"])
+    assert [c["level"] for c in latest["summary"]["levels"]] == [1, 100]
+    assert "Targets:" in proc.stdout and "What limits it:" in proc.stdout
+
+
+@pytest.mark.unit
+def test_histogram_means_between_two_scrapes() -> None:
+    before = {"llmlab_worker_nats_queue_seconds": (1.0, 10.0)}
+    after = {"llmlab_worker_nats_queue_seconds": (1.5, 20.0), "llmlab_worker_ttft_seconds": (2.0, 10.0)}
+    means = rb.histogram_means_ms(before, after, {"q": "llmlab_worker_nats_queue_seconds",
+                                                  "t": "llmlab_worker_ttft_seconds", "none": "missing"})
+    assert means == {"q": pytest.approx(50.0), "t": pytest.approx(200.0), "none": None}
+
+
+@pytest.mark.unit
+def test_service_warning_lines_are_recognised() -> None:
+    assert rb._is_warning('{"ts": 1, "level": "warning", "service": "gateway", "msg": "stream ended with error"}')
+    assert rb._is_warning('{"level":"error","msg":"x"}')
+    assert not rb._is_warning('{"ts": 1, "level": "info", "msg": "route: static"}')
+    assert rb._is_warning("Traceback (most recent call last):")

@@ -1,0 +1,309 @@
+"""`make demo`: talk to the running stack (`make up`) the way a user would, then load it and report.
+
+1. the official openai SDK: list models, a unary answer, a streamed answer printed as it arrives,
+   a completion, and what errors look like;
+2. a load run with our SSE client (its own process) on both simulated deployments at once;
+3. a report under results/: demo-<ts>.md (table + queue/prefill/decode attribution from the
+   workers' metrics), demo-<ts>.json (raw) and demo-<ts>.png (TTFT distribution, tokens/s).
+
+Figures come from the engine simulator, not a GPU, and are labelled so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "loadtest"))
+
+from bench_meta import metadata_block  # noqa: E402
+from llmlab_common.metrics import parse_prometheus_text  # noqa: E402
+
+log = logging.getLogger("demo")
+KEY = "sk-llmlab-dev"
+LOAD = [  # model, concurrent streams, requests per stream, max_tokens
+    ("meta-llama/Llama-3.1-8B-Instruct", 150, 2, 64),
+    ("Qwen/Qwen3-32B", 50, 2, 64),
+]
+WORKERS = {  # same variables as scripts/stack.sh
+    "worker-vllm": int(os.environ.get("WORKER_VLLM_PORT", "8091")),
+    "worker-sglang": int(os.environ.get("WORKER_SGLANG_PORT", "8092")),
+}
+
+
+def say(text: str = "") -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def sdk_tour(base: str) -> None:
+    client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
+    say("== 1. the openai SDK against the gateway")
+    say("models: " + ", ".join(m.id for m in client.models.list().data))
+    t0 = time.monotonic()
+    r = client.chat.completions.create(
+        model="meta-llama/Llama-3.1-8B-Instruct", messages=[{"role": "user", "content": "Say hello."}], max_tokens=12
+    )
+    say(
+        f"unary  ({time.monotonic() - t0:.2f}s, finish={r.choices[0].finish_reason}, "
+        f"usage={r.usage.model_dump() if r.usage else None}):"
+    )
+    say(f"  {r.choices[0].message.content!r}")
+    say("stream (Qwen/Qwen3-32B via the SGLang-flavoured worker), tokens as they arrive:")
+    t0 = time.monotonic()
+    first = None
+    sys.stdout.write("  ")
+    stream = client.chat.completions.create(
+        model="best",
+        messages=[{"role": "user", "content": "Tell me a story."}],
+        max_tokens=24,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    usage = None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        elif chunk.choices and chunk.choices[0].delta.content:
+            first = first or time.monotonic() - t0
+            sys.stdout.write(chunk.choices[0].delta.content)
+            sys.stdout.flush()
+    say(
+        f"\n  (TTFT {first or 0:.3f}s, total {time.monotonic() - t0:.2f}s, "
+        f"usage {usage.model_dump() if usage else None})"
+    )
+    c = client.completions.create(model="fast", prompt="The capital of France is", max_tokens=6)
+    say(f"completion: {c.choices[0].text!r} ({c.choices[0].finish_reason})")
+    say("errors are OpenAI-shaped:")
+    for label, call in (
+        (
+            "unknown model",
+            lambda: client.chat.completions.create(model="gpt-17", messages=[{"role": "user", "content": "x"}]),
+        ),
+        (
+            "no worker for the pool (SmolLM2 runs on real vLLM only in the tests)",
+            lambda: client.chat.completions.create(model="cheap", messages=[{"role": "user", "content": "x"}]),
+        ),
+        ("n=2", lambda: client.chat.completions.create(model="auto", n=2, messages=[{"role": "user", "content": "x"}])),
+    ):
+        try:
+            call()
+        except openai.APIStatusError as exc:
+            say(f"  {label}: HTTP {exc.status_code} {json.dumps(exc.body)}")
+
+
+def worker_phases() -> dict[str, dict[str, float]]:
+    """Mean NATS queue wait, engine TTFT and e2e per worker, from their Prometheus histograms."""
+    out: dict[str, dict[str, float]] = {}
+    for name, port in WORKERS.items():
+        try:
+            m = parse_prometheus_text(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text)
+        except httpx.HTTPError:
+            continue
+        row: dict[str, float] = {}
+        for key in ("nats_queue", "ttft", "e2e"):
+            s, n = m.get(f"llmlab_worker_{key}_seconds_sum"), m.get(f"llmlab_worker_{key}_seconds_count")
+            if s is not None and n:
+                row[key] = s
+                row[f"{key}_n"] = n
+        out[name] = row
+    return out
+
+
+def phase_means(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    res: dict[str, dict[str, float]] = {}
+    for name, row in after.items():
+        b = before.get(name, {})
+        res[name] = {}
+        for key in ("nats_queue", "ttft", "e2e"):
+            n = row.get(f"{key}_n", 0) - b.get(f"{key}_n", 0)
+            if n > 0:
+                res[name][f"{key}_ms"] = round((row[key] - b.get(key, 0.0)) / n * 1000, 2)
+    return res
+
+
+def load_run(base: str, out_dir: Path, stamp: str) -> list[dict[str, Any]]:
+    say("\n== 2. load: " + ", ".join(f"{c} streams x {r} requests on {m}" for m, c, r, _ in LOAD))
+    procs = []
+    for model, conc, reqs, max_tokens in LOAD:
+        out = out_dir / f"demo-{stamp}-{model.split('/')[-1]}.load.json"
+        cmd = [
+            sys.executable,
+            str(REPO / "loadtest" / "sse_client.py"),
+            "--url",
+            base + "/v1/chat/completions",
+            "--model",
+            model,
+            "--api-key",
+            KEY,
+            "--concurrency",
+            str(conc),
+            "--requests-per-stream",
+            str(reqs),
+            "--max-tokens",
+            str(max_tokens),
+            "--out",
+            str(out),
+            "--progress",
+            "2",
+            "--log-level",
+            "WARNING",
+        ]
+        procs.append((model, conc, reqs, out, cmd, subprocess.Popen(cmd, stdout=subprocess.DEVNULL)))
+    results = []
+    for model, conc, reqs, out, cmd, p in procs:
+        rc = p.wait()
+        data = json.loads(out.read_text())
+        results.append(
+            {
+                "model": model,
+                "concurrency": conc,
+                "requests_per_stream": reqs,
+                "rc": rc,
+                "command": " ".join(cmd),
+                "summary": data["summary"],
+                "requests": data.get("requests", []),
+            }
+        )
+        s = data["summary"]
+        say(
+            f"  {model}: {s['requests']['ok']} ok / {s['requests']['failed']} failed, "
+            f"TTFT p50 {s['ttft_ms']['p50']} ms, {s['output_tokens_per_s']} tokens/s"
+        )
+    return results
+
+
+def report(
+    results: list[dict[str, Any]],
+    phases: dict[str, dict[str, float]],
+    out_dir: Path,
+    stamp: str,
+    started: dt.datetime,
+    duration_s: float,
+) -> Path:
+    meta = metadata_block(
+        started=started,
+        duration_s=duration_s,
+        engine="engine-sim (vllm and sglang flavours)",
+        model_id=", ".join(m for m, *_ in LOAD),
+        concurrency=", ".join(str(c) for _, c, *_ in LOAD),
+        warmup="none: the SDK tour before the load run warms every process",
+        prompt_dataset="fixed short chat prompt (loadtest/sse_client.py DEFAULT_PROMPT)",
+        input_length_distribution="fixed, ~20 tokens",
+        output_length_distribution="max_tokens 64 (simulator output_len 128, so every request ends on length)",
+        sampling_parameters="defaults (temperature unset)",
+        command="make demo",
+    )
+    rows = []
+    for r in results:
+        s = r["summary"]
+        rows.append(
+            f"| {r['model']} | {r['concurrency']} x {r['requests_per_stream']} | {s['requests']['ok']} | "
+            f"{s['requests']['failed']} | {s['ttft_ms']['p50']} / {s['ttft_ms']['p95']} / {s['ttft_ms']['p99']} | "
+            f"{s['itl_ms']['p50']} / {s['itl_ms']['p95']} | {s['e2e_ms']['p50']} / {s['e2e_ms']['p95']} | "
+            f"{s['output_tokens_per_s']} | {s['client']['cpu_util']} |"
+        )
+    prow = [f"| {w} | {p.get('nats_queue_ms')} | {p.get('ttft_ms')} | {p.get('e2e_ms')} |" for w, p in phases.items()]
+    md = "\n".join(
+        [
+            f"# make demo — {started.isoformat(timespec='seconds')}",
+            "",
+            "**Simulated**: the engines are the simulator (TTFT 100 ms, ITL 30 ms as `make up` starts them), not GPUs;"
+            " these figures measure the serving stack on this machine, not model speed.",
+            "",
+            "| model | streams x requests | ok | failed | TTFT ms p50/p95/p99 | ITL ms p50/p95 | E2E ms p50/p95 "
+            "| output tokens/s | client CPU (cores) |",
+            "|---|---|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+            "Where the time went, per worker, means over the load run (from the workers' Prometheus histograms):",
+            "",
+            "| worker | NATS queue wait ms | engine TTFT ms (engine queue + prefill) | take → end ms |",
+            "|---|---|---|---|",
+            *prow,
+            "",
+            f"Plot: `demo-{stamp}.png`. Raw per-request records: `demo-{stamp}-*.load.json`.",
+            "",
+            "## Metadata",
+            "",
+            "```json",
+            json.dumps(meta, indent=1),
+            "```",
+            "",
+        ]
+    )
+    md_path = out_dir / f"demo-{stamp}.md"
+    md_path.write_text(md)
+    (out_dir / f"demo-{stamp}.json").write_text(
+        json.dumps(
+            {
+                "metadata": meta,
+                "phases": phases,
+                "runs": [{k: v for k, v in r.items() if k != "requests"} for r in results],
+            },
+            indent=1,
+        )
+    )
+    plot(results, out_dir / f"demo-{stamp}.png")
+    return md_path
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in results:
+        ttfts = sorted(1000 * q["chunk_times"][0] for q in r["requests"] if q.get("chunk_times"))
+        if ttfts:
+            ax1.plot(ttfts, [i / len(ttfts) for i in range(1, len(ttfts) + 1)], label=r["model"])
+    ax1.set_xlabel("TTFT at the client (ms)")
+    ax1.set_ylabel("share of requests")
+    ax1.set_title("TTFT distribution (simulated engines)")
+    ax1.legend(fontsize=8)
+    ax1.grid(alpha=0.3)
+    names = [r["model"].split("/")[-1] for r in results]
+    ax2.bar(names, [r["summary"]["output_tokens_per_s"] or 0 for r in results], color=["#4c72b0", "#dd8452"])
+    ax2.set_ylabel("output tokens/s")
+    ax2.set_title("delivered throughput during the load run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING)
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--gateway", default=f"http://127.0.0.1:{os.environ.get('GATEWAY_PORT', '8080')}")
+    ap.add_argument("--out", type=Path, default=REPO / "results")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = dt.datetime.now(dt.UTC)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    t0 = time.monotonic()
+    sdk_tour(args.gateway)
+    before = worker_phases()
+    results = load_run(args.gateway, args.out, stamp)
+    phases = phase_means(before, worker_phases())
+    md = report(results, phases, args.out, stamp, started, time.monotonic() - t0)
+    say(f"\n== 3. report: {md} (+ .json, .png)")
+    say(md.read_text().split("## Metadata")[0])
+    say(f"The stack is still up: point any OpenAI client at {args.gateway}/v1 (key sk-llmlab-dev); `make down` stops it.")
+    return 0 if all(r["summary"]["requests"]["failed"] == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
