@@ -132,23 +132,46 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     p.add_argument("--itl-ms", type=float, default=50.0)
     p.add_argument("--out-dir", type=Path, default=REPO / "results")
     p.add_argument("--keep-raw", action="store_true", help="keep every run's per-request client JSON")
-    p.add_argument("--worker-heartbeat-s", type=float, default=1.0,
-                   help="worker heartbeat interval (production default 1 s; the gateway drops a worker after 3 misses)")
-    p.add_argument("--min-requests", type=int, default=1,
-                   help="each run sends at least this many requests: streams send ceil(N / level) requests one "
-                        "after another (default 1: one request per stream, so level 1 has one TTFT sample per run)")
-    p.add_argument("--ramp-s", type=float, default=0.0,
-                   help="spread each run's stream starts over this many seconds (default 0: all at once)")
-    p.add_argument("--quiet-wait", type=float,
-                   help="before each run, wait up to this long (s) for other processes on the box to go quiet "
-                        "(default 60; --quick 0)")
+    p.add_argument(
+        "--worker-heartbeat-s",
+        type=float,
+        default=1.0,
+        help="worker heartbeat interval (production default 1 s; the gateway drops a worker after 3 misses)",
+    )
+    p.add_argument(
+        "--min-requests",
+        type=int,
+        default=1,
+        help="each run sends at least this many requests: streams send ceil(N / level) requests one "
+        "after another (default 1: one request per stream, so level 1 has one TTFT sample per run)",
+    )
+    p.add_argument(
+        "--ramp-s",
+        type=float,
+        default=0.0,
+        help="spread each run's stream starts over this many seconds (default 0: all at once)",
+    )
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        help="before each run, wait up to this long (s) for other processes on the box to go quiet "
+        "(default 60; --quick 0)",
+    )
     p.add_argument("--quiet-cores", type=float, default=0.25, help="'quiet' = other processes use less than this")
-    p.add_argument("--render", type=Path, metavar="JSON",
-                   help="only re-derive targets/analysis and rewrite the .md/.png (and JSON) of a saved run")
+    p.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="only re-derive targets/analysis and rewrite the .md/.png (and JSON) of a saved run",
+    )
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
-    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s relay_bench %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=a.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s relay_bench %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
     for noisy in ("httpx", "httpcore", "matplotlib", "llmlab_common.natsio"):
         logging.getLogger(noisy).setLevel(logging.WARNING if noisy != "llmlab_common.natsio" else logging.ERROR)
     levels = [int(x) for x in (a.levels or ("1,100" if a.quick else "1,100,1000")).split(",") if x.strip()]
@@ -160,12 +183,25 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     if repeats < 1 or tokens < 2 or warmup_tokens < 1:
         p.error("--repeats >= 1, --tokens >= 2 and --warmup-tokens >= 1")
     seqs = max(1100, max(levels))
-    return BenchConfig(render=a.render, levels=levels, repeats=repeats, tokens=tokens, warmup_tokens=warmup_tokens,
-                       ttft_ms=a.ttft_ms, itl_ms=a.itl_ms, max_num_seqs=seqs, worker_max_concurrency=seqs,
-                       out_dir=a.out_dir, keep_raw=a.keep_raw, quick=a.quick, ramp_s=a.ramp_s,
-                       min_requests=max(1, a.min_requests),
-                       quiet_wait_s=a.quiet_wait if a.quiet_wait is not None else (0.0 if a.quick else 60.0),
-                       quiet_cores=a.quiet_cores, worker_heartbeat_s=a.worker_heartbeat_s)
+    return BenchConfig(
+        render=a.render,
+        levels=levels,
+        repeats=repeats,
+        tokens=tokens,
+        warmup_tokens=warmup_tokens,
+        ttft_ms=a.ttft_ms,
+        itl_ms=a.itl_ms,
+        max_num_seqs=seqs,
+        worker_max_concurrency=seqs,
+        out_dir=a.out_dir,
+        keep_raw=a.keep_raw,
+        quick=a.quick,
+        ramp_s=a.ramp_s,
+        min_requests=max(1, a.min_requests),
+        quiet_wait_s=a.quiet_wait if a.quiet_wait is not None else (0.0 if a.quick else 60.0),
+        quiet_cores=a.quiet_cores,
+        worker_heartbeat_s=a.worker_heartbeat_s,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,9 +297,13 @@ class Sampler:
         busy1, total1 = _system_busy()
         ncpu = psutil.cpu_count() or 1
         busy = busy1 - self._sys0[0]
-        self.system = {"wall_s": round(wall, 3), "busy_cpu_s": round(busy, 3),
-                       "busy_cores_mean": round(busy / wall, 3), "cores": ncpu,
-                       "util_of_machine": round((busy1 - self._sys0[0]) / max(1e-6, total1 - self._sys0[1]), 3)}
+        self.system = {
+            "wall_s": round(wall, 3),
+            "busy_cpu_s": round(busy, 3),
+            "busy_cores_mean": round(busy / wall, 3),
+            "cores": ncpu,
+            "util_of_machine": round((busy1 - self._sys0[0]) / max(1e-6, total1 - self._sys0[1]), 3),
+        }
         return wall
 
 
@@ -290,7 +330,8 @@ def find_nats_server(nats_url: str) -> psutil.Process | None:
     candidates = []
     for p in psutil.process_iter(["name", "cmdline"]):
         if "nats-server" not in (p.info.get("name") or "") and not any(
-                "nats-server" in part for part in (p.info.get("cmdline") or [])[:1]):
+            "nats-server" in part for part in (p.info.get("cmdline") or [])[:1]
+        ):
             continue
         candidates.append(p)
         with contextlib.suppress(psutil.Error):
@@ -433,15 +474,28 @@ class Run:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "level": self.level, "mode": self.mode, "repeat": self.repeat, "warmup": self.warmup,
-            "tokens": self.tokens, "requests_per_stream": self.requests_per_stream, "started_at": self.started_at,
+            "level": self.level,
+            "mode": self.mode,
+            "repeat": self.repeat,
+            "warmup": self.warmup,
+            "tokens": self.tokens,
+            "requests_per_stream": self.requests_per_stream,
+            "started_at": self.started_at,
             "wall_s": round(self.wall_s, 3),
-            "client_rc": self.client_rc, "error": self.error,
-            "ttft_p50_ms": self.metric("ttft_p50_ms"), "ttft_p99_ms": self.metric("ttft_p99_ms"),
-            "itl_p99_ms": self.metric("itl_p99_ms"), "tokens_per_s": self.metric("tokens_per_s"),
-            "requests_ok": self.metric("ok"), "requests_failed": self.metric("failed"),
-            "processes": self.processes, "system": self.system, "client_summary": self.summary,
-            "engine_tokens": self.engine_tokens, "liveness": self.liveness, "ttft_breakdown_ms": self.breakdown,
+            "client_rc": self.client_rc,
+            "error": self.error,
+            "ttft_p50_ms": self.metric("ttft_p50_ms"),
+            "ttft_p99_ms": self.metric("ttft_p99_ms"),
+            "itl_p99_ms": self.metric("itl_p99_ms"),
+            "tokens_per_s": self.metric("tokens_per_s"),
+            "requests_ok": self.metric("ok"),
+            "requests_failed": self.metric("failed"),
+            "processes": self.processes,
+            "system": self.system,
+            "client_summary": self.summary,
+            "engine_tokens": self.engine_tokens,
+            "liveness": self.liveness,
+            "ttft_breakdown_ms": self.breakdown,
             "log_warnings": self.log_warnings,
             "raw_path": self.raw_path,
         }
@@ -450,8 +504,10 @@ class Run:
 # Histograms the services export, whose means split the stack's TTFT into its legs.
 BREAKDOWN_METRICS = {
     "gateway": {"gateway_accept_to_first_token_ms": "llmlab_gateway_ttft_seconds"},
-    "worker": {"nats_queue_ms": "llmlab_worker_nats_queue_seconds",
-               "engine_ttft_seen_by_worker_ms": "llmlab_worker_ttft_seconds"},
+    "worker": {
+        "nats_queue_ms": "llmlab_worker_nats_queue_seconds",
+        "engine_ttft_seen_by_worker_ms": "llmlab_worker_ttft_seconds",
+    },
 }
 
 
@@ -475,8 +531,9 @@ def scrape_histograms(base: str, names: Sequence[str]) -> dict[str, tuple[float,
     return out
 
 
-def histogram_means_ms(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]],
-                       names: dict[str, str]) -> dict[str, float | None]:
+def histogram_means_ms(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], names: dict[str, str]
+) -> dict[str, float | None]:
     """Mean (ms) of each histogram over the observations made between two scrapes."""
     out: dict[str, float | None] = {}
     for label, metric in names.items():
@@ -489,8 +546,12 @@ def histogram_means_ms(before: dict[str, tuple[float, float]], after: dict[str, 
 def _is_warning(line: str) -> bool:
     """A service log line at WARNING or above (JSON logs: ``"level": "warning"``; or plain text)."""
     low = line.lower()
-    return any(f'"level": "{lv}"' in low or f'"level":"{lv}"' in low for lv in ("warning", "error", "critical")) \
-        or "traceback" in low or " warning " in low or " error " in low
+    return (
+        any(f'"level": "{lv}"' in low or f'"level":"{lv}"' in low for lv in ("warning", "error", "critical"))
+        or "traceback" in low
+        or " warning " in low
+        or " error " in low
+    )
 
 
 class BenchStack(Stack):
@@ -524,24 +585,36 @@ class Bench:
     def start(self) -> None:
         c = self.cfg
         log.info("namespace %s; starting simulator, worker, gateway", self.stack.namespace)
-        self.sim = self.stack.sim("vllm", MODEL, ttft_ms=c.ttft_ms, itl_ms=c.itl_ms, max_num_seqs=c.max_num_seqs,
-                                  output_len=c.tokens)
-        self.worker = self.stack.worker("vllm", POOL, url(self.sim), max_concurrency=c.worker_max_concurrency,
-                                        heartbeat_s=c.worker_heartbeat_s)
+        self.sim = self.stack.sim(
+            "vllm", MODEL, ttft_ms=c.ttft_ms, itl_ms=c.itl_ms, max_num_seqs=c.max_num_seqs, output_len=c.tokens
+        )
+        self.worker = self.stack.worker(
+            "vllm", POOL, url(self.sim), max_concurrency=c.worker_max_concurrency, heartbeat_s=c.worker_heartbeat_s
+        )
         self.gateway = self.stack.gateway(queue_timeout_s=c.queue_timeout_s)
         self._wait_gateway_sees_worker()
-        self.services = {"simulator": psutil.Process(self.sim.pid), "worker": psutil.Process(self.worker.pid),
-                         "gateway": psutil.Process(self.gateway.pid)}
+        self.services = {
+            "simulator": psutil.Process(self.sim.pid),
+            "worker": psutil.Process(self.worker.pid),
+            "gateway": psutil.Process(self.gateway.pid),
+        }
         nats = find_nats_server(c.nats_url)
         if nats is None:
             log.warning("nats-server process not found (remote or not visible): its CPU is not measured")
         else:
             self.services["nats-server"] = nats
-        log.info("stack up: sim %s, worker %s, gateway %s, nats-server pid %s", url(self.sim), url(self.worker),
-                 url(self.gateway), nats.pid if nats else "n/a")
-        self.monitor = Monitor(c.nats_url, self.stack.namespace, {"worker": url(self.worker),
-                                                                  "gateway": url(self.gateway),
-                                                                  "simulator": url(self.sim)})
+        log.info(
+            "stack up: sim %s, worker %s, gateway %s, nats-server pid %s",
+            url(self.sim),
+            url(self.worker),
+            url(self.gateway),
+            nats.pid if nats else "n/a",
+        )
+        self.monitor = Monitor(
+            c.nats_url,
+            self.stack.namespace,
+            {"worker": url(self.worker), "gateway": url(self.gateway), "simulator": url(self.sim)},
+        )
         self.monitor.start()
 
     def _wait_gateway_sees_worker(self, timeout: float = 15.0) -> None:
@@ -551,8 +624,11 @@ class Bench:
             with contextlib.suppress(httpx.HTTPError):
                 text = httpx.get(url(self.gateway) + "/metrics", timeout=2).text
                 for line in text.splitlines():
-                    if line.startswith("llmlab_gateway_live_workers{") and f'pool="{POOL}"' in line \
-                            and float(line.rsplit(" ", 1)[-1]) >= 1:
+                    if (
+                        line.startswith("llmlab_gateway_live_workers{")
+                        and f'pool="{POOL}"' in line
+                        and float(line.rsplit(" ", 1)[-1]) >= 1
+                    ):
                         return
             time.sleep(0.2)
         raise TimeoutError("the gateway never saw the worker's heartbeat")
@@ -595,8 +671,11 @@ class Bench:
             if other < c.quiet_cores or time.monotonic() >= deadline:
                 break
             if not waited:
-                log.info("other processes use %.2f cores; waiting up to %.0fs for the box to quiet down", other,
-                         c.quiet_wait_s)
+                log.info(
+                    "other processes use %.2f cores; waiting up to %.0fs for the box to quiet down",
+                    other,
+                    c.quiet_wait_s,
+                )
                 waited = True
         if other >= c.quiet_cores and c.quiet_wait_s > 0:
             log.warning("the box is still busy (other processes use %.2f cores): this run's figures are noisy", other)
@@ -624,16 +703,47 @@ class Bench:
         run = Run(level=level, mode=mode, repeat=repeat, tokens=tokens, requests_per_stream=per_stream)
         self.wait_idle()
         out = self.tmp / f"run-{level}-{mode}-{repeat}.json"
-        cmd = [sys.executable, str(HERE / "sse_client.py"), "--url", self.target_url(mode), "--model", MODEL,
-               "--api-key", API_KEY, "--concurrency", str(level), "--requests-per-stream", str(per_stream),
-               "--max-tokens", str(tokens), "--timeout", str(c.client_timeout_s), "--read-timeout", "90",
-               "--out", str(out), "--log-level", "WARNING", "--label", f"{mode}-{level}-{repeat}",
-               "--ramp", str(c.ramp_s)]
+        cmd = [
+            sys.executable,
+            str(HERE / "sse_client.py"),
+            "--url",
+            self.target_url(mode),
+            "--model",
+            MODEL,
+            "--api-key",
+            API_KEY,
+            "--concurrency",
+            str(level),
+            "--requests-per-stream",
+            str(per_stream),
+            "--max-tokens",
+            str(tokens),
+            "--timeout",
+            str(c.client_timeout_s),
+            "--read-timeout",
+            "90",
+            "--out",
+            str(out),
+            "--log-level",
+            "WARNING",
+            "--label",
+            f"{mode}-{level}-{repeat}",
+            "--ramp",
+            str(c.ramp_s),
+        ]
         if not c.keep_raw:
             cmd.append("--summary-only")
         what = "warm-up" if repeat == 0 else f"repeat {repeat}/{c.repeats}"
-        log.info("level %d, %s, %s: %d streams x %d request(s) x %d tokens (bench elapsed %.0fs)", level, mode,
-                 what, level, per_stream, tokens, time.monotonic() - self.t_start)
+        log.info(
+            "level %d, %s, %s: %d streams x %d request(s) x %d tokens (bench elapsed %.0fs)",
+            level,
+            mode,
+            what,
+            level,
+            per_stream,
+            tokens,
+            time.monotonic() - self.t_start,
+        )
         log_marks = self._log_marks()
         scraped = self._scrape() if mode == "stack" else {}
         generated0 = self._sim_generated()
@@ -674,8 +784,9 @@ class Bench:
                 # The client reports its own CPU (getrusage): exact, where sampling misses its last moments.
                 run.processes["client"]["cpu_s_self_reported"] = client["cpu_total_s"]
                 run.processes["client"]["cpu_util_window"] = client.get("cpu_util")
-                run.processes["client"]["rss_peak_mb"] = max(run.processes["client"]["rss_peak_mb"],
-                                                             client.get("max_rss_mb") or 0.0)
+                run.processes["client"]["rss_peak_mb"] = max(
+                    run.processes["client"]["rss_peak_mb"], client.get("max_rss_mb") or 0.0
+                )
             prompt = run.summary.get("prompt_tokens") or {}
             self.prompt_tokens.update(int(v) for v in prompt.values() if v is not None)
         else:
@@ -703,10 +814,18 @@ class Bench:
             return
         req = s["requests"]
         cpu = ", ".join(f"{n} {p['cpu_util_mean']:.2f}" for n, p in run.processes.items())
-        log.info("  -> ok %d/%d, TTFT p50 %s ms p99 %s ms, ITL p99 %s ms, %s tok/s; mean cores: %s; other load "
-                 "on the box %.2f cores", req["ok"], req["total"], s["ttft_ms"]["p50"], s["ttft_ms"]["p99"],
-                 s["itl_ms"]["p99"], s["output_tokens_per_s"], cpu,
-                 run.system.get("other_cpu_s", 0.0) / max(1e-6, run.wall_s))
+        log.info(
+            "  -> ok %d/%d, TTFT p50 %s ms p99 %s ms, ITL p99 %s ms, %s tok/s; mean cores: %s; other load "
+            "on the box %.2f cores",
+            req["ok"],
+            req["total"],
+            s["ttft_ms"]["p50"],
+            s["ttft_ms"]["p99"],
+            s["itl_ms"]["p99"],
+            s["output_tokens_per_s"],
+            cpu,
+            run.system.get("other_cpu_s", 0.0) / max(1e-6, run.wall_s),
+        )
         if req["failed"]:
             log.warning("  -> %d failed: %s %s", req["failed"], s["errors"], s.get("error_samples"))
         for name, lines in run.log_warnings.items():
@@ -721,8 +840,10 @@ class Bench:
 
     def _scrape(self) -> dict[str, dict[str, tuple[float, float]]]:
         assert self.gateway is not None and self.worker is not None
-        return {"gateway": scrape_histograms(url(self.gateway), list(BREAKDOWN_METRICS["gateway"].values())),
-                "worker": scrape_histograms(url(self.worker), list(BREAKDOWN_METRICS["worker"].values()))}
+        return {
+            "gateway": scrape_histograms(url(self.gateway), list(BREAKDOWN_METRICS["gateway"].values())),
+            "worker": scrape_histograms(url(self.worker), list(BREAKDOWN_METRICS["worker"].values())),
+        }
 
     def _log_marks(self) -> dict[str, int]:
         marks = {}
@@ -776,8 +897,16 @@ def compare_level(runs: Sequence[Run], level: int) -> dict[str, Any]:
     out: dict[str, Any] = {"level": level, "repeats": min(len(direct), len(stack))}
     for mode, rs in (("direct", direct), ("stack", stack)):
         out[mode] = {}
-        for m in ("ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms", "tpot_p50_ms", "tokens_per_s", "tokens_per_chunk", "ok",
-                  "failed"):
+        for m in (
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+            "itl_p99_ms",
+            "tpot_p50_ms",
+            "tokens_per_s",
+            "tokens_per_chunk",
+            "ok",
+            "failed",
+        ):
             vals = [v for r in rs if (v := r.metric(m)) is not None]
             out[mode][m] = {"mean": _r(_mean(vals), 3), "runs": vals}
         out[mode]["requests"] = sum(r.level * r.requests_per_stream for r in rs)
@@ -793,8 +922,11 @@ def compare_level(runs: Sequence[Run], level: int) -> dict[str, Any]:
                 vals.append(sv - dv)
             elif dv > 0:
                 vals.append(sv / dv)
-        return {"mean": _r(_mean(vals), 4), "runs": [round(v, 4) for v in vals],
-                "spread": round(max(vals) - min(vals), 4) if len(vals) > 1 else None}
+        return {
+            "mean": _r(_mean(vals), 4),
+            "runs": [round(v, 4) for v in vals],
+            "spread": round(max(vals) - min(vals), 4) if len(vals) > 1 else None,
+        }
 
     out["added_ttft_p50_ms"] = paired("ttft_p50_ms", "diff")
     out["added_ttft_p99_ms"] = paired("ttft_p99_ms", "diff")
@@ -839,8 +971,10 @@ def _liveness(runs: Sequence[Run]) -> dict[str, float | None]:
         vals = [float(v) for r in runs if (v := r.liveness.get(key)) is not None]
         return max(vals) if vals else None
 
-    return {k: worst(k) for k in ("heartbeat_gap_max_s", "worker_health_ms_max", "gateway_health_ms_max",
-                                  "simulator_health_ms_max")}
+    return {
+        k: worst(k)
+        for k in ("heartbeat_gap_max_s", "worker_health_ms_max", "gateway_health_ms_max", "simulator_health_ms_max")
+    }
 
 
 def _cpu_means(runs: Sequence[Run]) -> dict[str, dict[str, float | None]]:
@@ -854,12 +988,21 @@ def _cpu_means(runs: Sequence[Run]) -> dict[str, dict[str, float | None]]:
             win = [r.processes[n].get("cpu_util_window") for r in runs if n in r.processes]
             if all(w is not None for w in win) and win:
                 means = [float(w) for w in win if w is not None]
-        out[n] = {"mean": _r(_mean(means), 3), "peak": _r(max(peaks) if peaks else None, 3),
-                  "rss_peak_mb": _r(max(rss) if rss else None, 1)}
-    out["machine_busy"] = {"mean": _r(_mean([r.system.get("busy_cores_mean", 0.0) for r in runs]), 3),
-                           "peak": None, "rss_peak_mb": None}
-    out["other_load"] = {"mean": _r(_mean([r.system.get("other_cpu_s", 0.0) / max(1e-6, r.wall_s) for r in runs]), 3),
-                         "peak": None, "rss_peak_mb": None}
+        out[n] = {
+            "mean": _r(_mean(means), 3),
+            "peak": _r(max(peaks) if peaks else None, 3),
+            "rss_peak_mb": _r(max(rss) if rss else None, 1),
+        }
+    out["machine_busy"] = {
+        "mean": _r(_mean([r.system.get("busy_cores_mean", 0.0) for r in runs]), 3),
+        "peak": None,
+        "rss_peak_mb": None,
+    }
+    out["other_load"] = {
+        "mean": _r(_mean([r.system.get("other_cpu_s", 0.0) / max(1e-6, r.wall_s) for r in runs]), 3),
+        "peak": None,
+        "rss_peak_mb": None,
+    }
     return out
 
 
@@ -874,8 +1017,15 @@ def _cpu_per_token(runs: Sequence[Run]) -> dict[str, float | None]:
     if not tokens:
         return {}
     names = sorted({n for r in runs for n in r.processes})
-    return {n: round(sum(r.processes[n].get("cpu_s_self_reported") or r.processes[n]["cpu_s"]
-                         for r in runs if n in r.processes) / tokens * 1e6, 2) for n in names}
+    return {
+        n: round(
+            sum(r.processes[n].get("cpu_s_self_reported") or r.processes[n]["cpu_s"] for r in runs if n in r.processes)
+            / tokens
+            * 1e6,
+            2,
+        )
+        for n in names
+    }
 
 
 def evaluate_targets(comparisons: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -883,12 +1033,21 @@ def evaluate_targets(comparisons: Sequence[dict[str, Any]]) -> list[dict[str, An
     (or, when 1,000 was not run, at the highest level, flagged as such)."""
     out: list[dict[str, Any]] = []
     for c in comparisons:
-        for key, limit, label in (("added_ttft_p50_ms", TARGET_ADDED_TTFT_P50_MS, "added TTFT p50"),
-                                  ("added_ttft_p99_ms", TARGET_ADDED_TTFT_P99_MS, "added TTFT p99")):
+        for key, limit, label in (
+            ("added_ttft_p50_ms", TARGET_ADDED_TTFT_P50_MS, "added TTFT p50"),
+            ("added_ttft_p99_ms", TARGET_ADDED_TTFT_P99_MS, "added TTFT p99"),
+        ):
             v = c[key]["mean"]
-            out.append({"level": c["level"], "target": f"{label} <= {limit:g} ms", "value": v,
-                        "unit": "ms", "result": "n/a" if v is None else ("PASS" if v <= limit else "MISS"),
-                        "all_requests_ok": c["all_ok"]})
+            out.append(
+                {
+                    "level": c["level"],
+                    "target": f"{label} <= {limit:g} ms",
+                    "value": v,
+                    "unit": "ms",
+                    "result": "n/a" if v is None else ("PASS" if v <= limit else "MISS"),
+                    "all_requests_ok": c["all_ok"],
+                }
+            )
     if comparisons:
         at = next((c for c in comparisons if c["level"] == TARGET_TOKENS_LEVEL), None)
         note = ""
@@ -896,10 +1055,17 @@ def evaluate_targets(comparisons: Sequence[dict[str, Any]]) -> list[dict[str, An
             at = max(comparisons, key=lambda c: c["level"])
             note = f"target is defined at {TARGET_TOKENS_LEVEL} streams; evaluated at {at['level']}"
         v = at["tokens_per_s_ratio"]["mean"]
-        out.append({"level": at["level"], "target": f"tokens/s stack/direct >= {TARGET_TOKENS_RATIO:.0%}",
-                    "value": v, "unit": "ratio",
-                    "result": "n/a" if v is None else ("PASS" if v >= TARGET_TOKENS_RATIO else "MISS"),
-                    "all_requests_ok": at["all_ok"], "note": note})
+        out.append(
+            {
+                "level": at["level"],
+                "target": f"tokens/s stack/direct >= {TARGET_TOKENS_RATIO:.0%}",
+                "value": v,
+                "unit": "ratio",
+                "result": "n/a" if v is None else ("PASS" if v >= TARGET_TOKENS_RATIO else "MISS"),
+                "all_requests_ok": at["all_ok"],
+                "note": note,
+            }
+        )
     for t in out:
         if t["result"] == "PASS" and not t["all_requests_ok"]:
             t["result"] = "MISS"
@@ -924,14 +1090,17 @@ def analyse(comparisons: Sequence[dict[str, Any]], cores: int, heartbeat_s: floa
             desc = ", ".join(f"{n} {v['mean']:.2f} (peak {v['peak']:.2f})" for n, v in ranked)
             verdict = []
             if hot:
-                verdict.append(f"{' and '.join(hot)} saturate{'s' if len(hot) == 1 else ''} a core "
-                               "(single-threaded event loop)")
+                verdict.append(
+                    f"{' and '.join(hot)} saturate{'s' if len(hot) == 1 else ''} a core (single-threaded event loop)"
+                )
             if busy >= 0.9 * cores:
                 verdict.append(f"the machine is out of CPU ({busy:.2f} of {cores} cores busy)")
             if other >= 0.3:
                 verdict.append(f"other processes on the box used {other:.2f} cores meanwhile (noise)")
-            lines.append(f"{level} streams, {mode}: mean cores {desc}; machine {busy:.2f}/{cores}. "
-                         + ("; ".join(verdict) + "." if verdict else "No process is near a full core."))
+            lines.append(
+                f"{level} streams, {mode}: mean cores {desc}; machine {busy:.2f}/{cores}. "
+                + ("; ".join(verdict) + "." if verdict else "No process is near a full core.")
+            )
         b = c.get("ttft_breakdown_ms") or {}
         if b.get("gateway_accept_to_first_token_ms") is not None and b.get("client_ttft_mean_ms") is not None:
             lines.append(
@@ -940,14 +1109,17 @@ def analyse(comparisons: Sequence[dict[str, Any]], cores: int, heartbeat_s: floa
                 f"{b['client_ttft_mean_ms'] - b['gateway_accept_to_first_token_ms']:.0f} + gateway accepted -> first "
                 f"token {b['gateway_accept_to_first_token_ms']:.0f}, of which waiting in NATS (dispatch -> worker "
                 f"takes it) {b.get('nats_queue_ms') or 0:.0f} and the engine call to its first token "
-                f"{b.get('engine_ttft_seen_by_worker_ms') or 0:.0f}.")
+                f"{b.get('engine_ttft_seen_by_worker_ms') or 0:.0f}."
+            )
         fail = c["failures"]["stack"]
         live = c["liveness"]["stack"]
         gap = live.get("heartbeat_gap_max_s")
         if fail["failed"]:
             kinds = ", ".join(f"{k} x{n}" for k, n in fail["by_kind"].items())
-            lines.append(f"{level} streams, stack: {fail['failed']} of {c['stack']['requests']} requests FAILED "
-                         f"({kinds}); e.g. {fail['samples'][0] if fail['samples'] else 'n/a'}")
+            lines.append(
+                f"{level} streams, stack: {fail['failed']} of {c['stack']['requests']} requests FAILED "
+                f"({kinds}); e.g. {fail['samples'][0] if fail['samples'] else 'n/a'}"
+            )
         if gap is not None and gap > HEARTBEAT_MISSES * heartbeat_s:
             lost = any("worker_lost" in m for m in fail["samples"])
             lines.append(
@@ -955,11 +1127,17 @@ def analyse(comparisons: Sequence[dict[str, Any]], cores: int, heartbeat_s: floa
                 f"worker lost after {HEARTBEAT_MISSES} x {heartbeat_s:g} s without one) and the worker answered "
                 f"/health in up to {(live.get('worker_health_ms_max') or 0) / 1000:.1f} s, the gateway in up to "
                 f"{(live.get('gateway_health_ms_max') or 0) / 1000:.1f} s: their event loops lag under this load, "
-                + ("and the gateway cut the streams of a worker that was still streaming (worker_lost)." if lost else
-                   "past the gateway's heartbeat window; no stream was cut."))
+                + (
+                    "and the gateway cut the streams of a worker that was still streaming (worker_lost)."
+                    if lost
+                    else "past the gateway's heartbeat window; no stream was cut."
+                )
+            )
         elif live.get("worker_health_ms_max") and (live["worker_health_ms_max"] or 0) > 250:
-            lines.append(f"{level} streams, stack: worker event-loop lag up to {live['worker_health_ms_max']:.0f} ms "
-                         f"(/health latency), gateway up to {live.get('gateway_health_ms_max') or 0:.0f} ms.")
+            lines.append(
+                f"{level} streams, stack: worker event-loop lag up to {live['worker_health_ms_max']:.0f} ms "
+                f"(/health latency), gateway up to {live.get('gateway_health_ms_max') or 0:.0f} ms."
+            )
     lines.extend(_budget_lines(comparisons, cores))
     return lines
 
@@ -987,8 +1165,12 @@ def _budget_lines(comparisons: Sequence[dict[str, Any]], cores: int) -> list[str
         + f" = {total:.0f} us/token. At the direct rate of {top['level']} streams ({tps:.0f} tok/s) the relay "
         f"needs {need:.2f} cores, plus the simulator {sim:.2f} and the client {client:.2f}: "
         f"{need + sim + client:.2f} cores wanted on a {cores}-core box"
-        + (" -> CPU-bound by construction; the relay must get cheaper per token (or the box bigger)."
-           if need + sim + client > cores else ".")]
+        + (
+            " -> CPU-bound by construction; the relay must get cheaper per token (or the box bigger)."
+            if need + sim + client > cores
+            else "."
+        )
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1052,27 +1234,50 @@ def metadata(cfg: BenchConfig, bench: Bench, started: dt.datetime, duration_s: f
         "ram": f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
         "prompt_dataset": "none: synthetic, one user message (a fixed sentence + the request index)",
         "input_length_distribution": (
-            f"fixed: {prompt_tokens[0]} prompt tokens (as counted by the simulator)" if len(prompt_tokens) == 1
+            f"fixed: {prompt_tokens[0]} prompt tokens (as counted by the simulator)"
+            if len(prompt_tokens) == 1
             else f"fixed sentence; simulator counted {prompt_tokens[0]}-{prompt_tokens[-1]} prompt tokens"
-            if prompt_tokens else "fixed: one short sentence (~15 tokens; counts in each run's usage)"),
-        "output_length_distribution": (f"fixed: {cfg.tokens} tokens (max_tokens {cfg.tokens} = simulator "
-                                       f"--output-len {cfg.tokens}); warm-up runs {cfg.warmup_tokens}"),
+            if prompt_tokens
+            else "fixed: one short sentence (~15 tokens; counts in each run's usage)"
+        ),
+        "output_length_distribution": (
+            f"fixed: {cfg.tokens} tokens (max_tokens {cfg.tokens} = simulator "
+            f"--output-len {cfg.tokens}); warm-up runs {cfg.warmup_tokens}"
+        ),
         "concurrency": cfg.levels,
-        "warmup": (f"one run per mode per level before its measured runs, same concurrency, {cfg.warmup_tokens} "
-                   "tokens per request; reported apart (runs with repeat 0), not in the figures"),
-        "duration": (f"{duration_s:.0f} s for the whole benchmark; per run each stream sends "
-                     f"ceil({cfg.min_requests} / level) request(s) back to back, streams start "
-                     + (f"over {cfg.ramp_s:g} s" if cfg.ramp_s > 0 else "all at once")
-                     + "; window = first send to last byte (per-run client_summary.window_s)"),
-        "sampling_parameters": {"max_tokens": cfg.tokens, "stream": True, "stream_options.include_usage": True,
-                                "temperature": "not sent (engine default; the simulator ignores sampling)"},
+        "warmup": (
+            f"one run per mode per level before its measured runs, same concurrency, {cfg.warmup_tokens} "
+            "tokens per request; reported apart (runs with repeat 0), not in the figures"
+        ),
+        "duration": (
+            f"{duration_s:.0f} s for the whole benchmark; per run each stream sends "
+            f"ceil({cfg.min_requests} / level) request(s) back to back, streams start "
+            + (f"over {cfg.ramp_s:g} s" if cfg.ramp_s > 0 else "all at once")
+            + "; window = first send to last byte (per-run client_summary.window_s)"
+        ),
+        "sampling_parameters": {
+            "max_tokens": cfg.tokens,
+            "stream": True,
+            "stream_options.include_usage": True,
+            "temperature": "not sent (engine default; the simulator ignores sampling)",
+        },
         "simulated": True,
-        "simulated_note": ("All figures come from the engine simulator (fixed TTFT/ITL timing on the CPU), not a "
-                           "GPU: they measure the relay's overhead, not model serving performance."),
-        "simulator": {"ttft_ms": cfg.ttft_ms, "itl_ms": cfg.itl_ms, "max_num_seqs": cfg.max_num_seqs,
-                      "output_len": cfg.tokens, "flavor": "vllm"},
-        "worker": {"max_concurrency": cfg.worker_max_concurrency, "heartbeat_interval_s": cfg.worker_heartbeat_s,
-                   "coalesce_ms": "default (10)"},
+        "simulated_note": (
+            "All figures come from the engine simulator (fixed TTFT/ITL timing on the CPU), not a "
+            "GPU: they measure the relay's overhead, not model serving performance."
+        ),
+        "simulator": {
+            "ttft_ms": cfg.ttft_ms,
+            "itl_ms": cfg.itl_ms,
+            "max_num_seqs": cfg.max_num_seqs,
+            "output_len": cfg.tokens,
+            "flavor": "vllm",
+        },
+        "worker": {
+            "max_concurrency": cfg.worker_max_concurrency,
+            "heartbeat_interval_s": cfg.worker_heartbeat_s,
+            "coalesce_ms": "default (10)",
+        },
         "gateway": {"queue_timeout_s": cfg.queue_timeout_s},
         "repeats": cfg.repeats,
         "quick": cfg.quick,
@@ -1098,17 +1303,23 @@ def render_markdown(doc: dict[str, Any]) -> str:
     def runs_of(d: dict[str, Any], nd: int = 1) -> str:
         return "[" + ", ".join(f(v, nd) for v in d["runs"]) + "]"
 
-    out = [f"# Relay benchmark {meta['date']}", "",
-           f"> {meta['simulated_note']}", "",
-           f"Command: `{meta['command_line']}`  ",
-           f"Commit `{meta['git_commit'][:12]}`{' (dirty working tree)' if meta['git_dirty'] else ''}; "
-           f"{meta['cpu']}; {meta['ram']} RAM; simulator TTFT {meta['simulator']['ttft_ms']:g} ms, "
-           f"ITL {meta['simulator']['itl_ms']:g} ms, {meta['simulator']['output_len']} output tokens; "
-           f"{meta['repeats']} measured run(s) per mode and level.", "",
-           "## Stack vs direct", "",
-           "| streams | added TTFT p50 (ms) | added TTFT p99 (ms) | ITL p99 ratio | tokens/s ratio | per repeat "
-           "(stack − direct, stack / direct) | requests ok (direct, stack) |",
-           "|---:|---:|---:|---:|---:|---|---|"]
+    out = [
+        f"# Relay benchmark {meta['date']}",
+        "",
+        f"> {meta['simulated_note']}",
+        "",
+        f"Command: `{meta['command_line']}`  ",
+        f"Commit `{meta['git_commit'][:12]}`{' (dirty working tree)' if meta['git_dirty'] else ''}; "
+        f"{meta['cpu']}; {meta['ram']} RAM; simulator TTFT {meta['simulator']['ttft_ms']:g} ms, "
+        f"ITL {meta['simulator']['itl_ms']:g} ms, {meta['simulator']['output_len']} output tokens; "
+        f"{meta['repeats']} measured run(s) per mode and level.",
+        "",
+        "## Stack vs direct",
+        "",
+        "| streams | added TTFT p50 (ms) | added TTFT p99 (ms) | ITL p99 ratio | tokens/s ratio | per repeat "
+        "(stack − direct, stack / direct) | requests ok (direct, stack) |",
+        "|---:|---:|---:|---:|---:|---|---|",
+    ]
     for c in comps:
         d_ok, s_ok = c["direct"]["ok"]["runs"], c["stack"]["ok"]["runs"]
         out.append(
@@ -1116,24 +1327,35 @@ def render_markdown(doc: dict[str, Any]) -> str:
             f"{f(c['itl_p99_ratio']['mean'], 3)} | {f(c['tokens_per_s_ratio']['mean'], 3)} | "
             f"p50 {runs_of(c['added_ttft_p50_ms'])}; p99 {runs_of(c['added_ttft_p99_ms'])}; "
             f"tok/s {runs_of(c['tokens_per_s_ratio'], 3)} | {int(sum(d_ok))}/{c['direct']['requests']}, "
-            f"{int(sum(s_ok))}/{c['stack']['requests']} |")
-    out += ["", "## Absolute figures (mean of the measured runs)", "",
-            "| streams | mode | TTFT p50 (ms) | TTFT p99 (ms) | ITL p99 (ms) | TPOT p50 (ms) | tokens/s | tokens/chunk "
-            "| failed |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+            f"{int(sum(s_ok))}/{c['stack']['requests']} |"
+        )
+    out += [
+        "",
+        "## Absolute figures (mean of the measured runs)",
+        "",
+        "| streams | mode | TTFT p50 (ms) | TTFT p99 (ms) | ITL p99 (ms) | TPOT p50 (ms) | tokens/s | tokens/chunk "
+        "| failed |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for c in comps:
         for mode in MODES:
             m = c[mode]
-            out.append(f"| {c['level']} | {mode} | {f(m['ttft_p50_ms']['mean'])} | {f(m['ttft_p99_ms']['mean'])} | "
-                       f"{f(m['itl_p99_ms']['mean'])} | {f(m['tpot_p50_ms']['mean'], 2)} | "
-                       f"{f(m['tokens_per_s']['mean'], 0)} | {f(m['tokens_per_chunk']['mean'], 2)} | "
-                       f"{f(sum(m['failed']['runs']), 0)} |")
+            out.append(
+                f"| {c['level']} | {mode} | {f(m['ttft_p50_ms']['mean'])} | {f(m['ttft_p99_ms']['mean'])} | "
+                f"{f(m['itl_p99_ms']['mean'])} | {f(m['tpot_p50_ms']['mean'], 2)} | "
+                f"{f(m['tokens_per_s']['mean'], 0)} | {f(m['tokens_per_chunk']['mean'], 2)} | "
+                f"{f(sum(m['failed']['runs']), 0)} |"
+            )
     out += ["", "## Targets", "", "| streams | target | value | result | note |", "|---:|---|---:|---|---|"]
     for t in targets:
         out.append(f"| {t['level']} | {t['target']} | {f(t['value'], 3)} | **{t['result']}** | {t.get('note', '')} |")
-    out += ["", "## CPU (mean cores over the run; peak = highest 0.5 s sample) and peak RSS", "",
-            "| streams | mode | " + " | ".join(("client", *SERVICES)) + " | machine busy | other load |",
-            "|---:|---|" + "---:|" * (len(SERVICES) + 3)]
+    out += [
+        "",
+        "## CPU (mean cores over the run; peak = highest 0.5 s sample) and peak RSS",
+        "",
+        "| streams | mode | " + " | ".join(("client", *SERVICES)) + " | machine busy | other load |",
+        "|---:|---|" + "---:|" * (len(SERVICES) + 3),
+    ]
     for c in comps:
         for mode in MODES:
             cpu = c["cpu_cores_mean"][mode]
@@ -1141,17 +1363,26 @@ def render_markdown(doc: dict[str, Any]) -> str:
             for n in ("client", *SERVICES):
                 v = cpu.get(n)
                 cells.append("—" if not v else f"{f(v['mean'], 2)} (pk {f(v['peak'], 2)}, {f(v['rss_peak_mb'], 0)} MB)")
-            out.append(f"| {c['level']} | {mode} | " + " | ".join(cells) +
-                       f" | {f(cpu['machine_busy']['mean'], 2)} | {f(cpu['other_load']['mean'], 2)} |")
+            out.append(
+                f"| {c['level']} | {mode} | "
+                + " | ".join(cells)
+                + f" | {f(cpu['machine_busy']['mean'], 2)} | {f(cpu['other_load']['mean'], 2)} |"
+            )
     out += ["", "## What limits it", ""] + [f"- {ln}" for ln in doc["summary"]["analysis"]]
     warm = [r for r in doc["runs"] if r["warmup"]]
     if warm:
-        out += ["", "## Warm-up runs (not in the figures)", "",
-                "| streams | mode | tokens | TTFT p50 (ms) | TTFT p99 (ms) | ok | failed |",
-                "|---:|---|---:|---:|---:|---:|---:|"]
+        out += [
+            "",
+            "## Warm-up runs (not in the figures)",
+            "",
+            "| streams | mode | tokens | TTFT p50 (ms) | TTFT p99 (ms) | ok | failed |",
+            "|---:|---|---:|---:|---:|---:|---:|",
+        ]
         for r in warm:
-            out.append(f"| {r['level']} | {r['mode']} | {r['tokens']} | {f(r['ttft_p50_ms'])} | "
-                       f"{f(r['ttft_p99_ms'])} | {f(r['requests_ok'], 0)} | {f(r['requests_failed'], 0)} |")
+            out.append(
+                f"| {r['level']} | {r['mode']} | {r['tokens']} | {f(r['ttft_p50_ms'])} | "
+                f"{f(r['ttft_p99_ms'])} | {f(r['requests_ok'], 0)} | {f(r['requests_failed'], 0)} |"
+            )
     out += ["", "## Metadata", "", "| field | value |", "|---|---|"]
     for k, v in meta.items():
         if k in ("service_logs",):
@@ -1185,8 +1416,16 @@ def render_plot(doc: dict[str, Any], path: Path) -> None:
             for p, m, c in zip(pos, means, comps, strict=True):
                 failed = int(sum(c[mode]["failed"]["runs"]))
                 text = f"{m:.0f}" + (f"\n{failed}/{c[mode]['requests']} failed" if failed else "")
-                ax.annotate(text, (p, max(m, 1.0)), ha="center", va="bottom", fontsize=7, xytext=(0, 2),
-                            textcoords="offset points", color="red" if failed else "black")
+                ax.annotate(
+                    text,
+                    (p, max(m, 1.0)),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                    color="red" if failed else "black",
+                )
         ax.set_yscale("log")
         ax.set_xticks(xs, labels)
         ax.set_xlabel("concurrent streams")
@@ -1212,8 +1451,9 @@ def render_plot(doc: dict[str, Any], path: Path) -> None:
     ax.set_title("CPU by process (left bar direct, right bar stack)")
     ax.legend(fontsize=7, ncol=2)
     meta = doc["metadata"]
-    fig.suptitle(f"Relay benchmark {meta['date']} — simulated engine (no GPU), commit {meta['git_commit'][:10]}",
-                 fontsize=11)
+    fig.suptitle(
+        f"Relay benchmark {meta['date']} — simulated engine (no GPU), commit {meta['git_commit'][:10]}", fontsize=11
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -1224,8 +1464,11 @@ def build_document(cfg: BenchConfig, bench: Bench, started: dt.datetime, duratio
     cores = psutil.cpu_count() or 2
     return {
         "metadata": metadata(cfg, bench, started, duration_s),
-        "summary": {"levels": comps, "targets": evaluate_targets(comps),
-                    "analysis": analyse(comps, cores, cfg.worker_heartbeat_s)},
+        "summary": {
+            "levels": comps,
+            "targets": evaluate_targets(comps),
+            "analysis": analyse(comps, cores, cfg.worker_heartbeat_s),
+        },
         "runs": [r.to_json() for r in bench.runs],
     }
 
@@ -1233,8 +1476,12 @@ def build_document(cfg: BenchConfig, bench: Bench, started: dt.datetime, duratio
 def write_outputs(doc: dict[str, Any], out_dir: Path, started: dt.datetime) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     ts = started.strftime("%Y%m%dT%H%M%SZ")
-    paths = {"json": out_dir / f"relay-{ts}.json", "md": out_dir / f"relay-{ts}.md", "png": out_dir / f"relay-{ts}.png",
-             "latest": out_dir / "relay-latest.json"}
+    paths = {
+        "json": out_dir / f"relay-{ts}.json",
+        "md": out_dir / f"relay-{ts}.md",
+        "png": out_dir / f"relay-{ts}.png",
+        "latest": out_dir / "relay-latest.json",
+    }
     text = json.dumps(doc, indent=1)
     paths["json"].write_text(text)
     paths["md"].write_text(render_markdown(doc))
@@ -1254,14 +1501,21 @@ def report_lines(doc: dict[str, Any], paths: dict[str, Path]) -> list[str]:
         m, sp = c[key]["mean"], c[key]["spread"]
         return ("—" if m is None else f"{m:.{nd}f}") + ("" if sp is None else f"±{sp / 2:.{nd}f}")
 
-    out = ["", "Relay benchmark (simulated engine, no GPU): stack vs direct (mean ± half the spread of repeats)",
-           f"{'streams':>8} {'+TTFT p50 ms':>14} {'+TTFT p99 ms':>14} {'ITL p99 x':>11} {'tok/s x':>12}"
-           "  ok (direct, stack)"]
+    out = [
+        "",
+        "Relay benchmark (simulated engine, no GPU): stack vs direct (mean ± half the spread of repeats)",
+        f"{'streams':>8} {'+TTFT p50 ms':>14} {'+TTFT p99 ms':>14} {'ITL p99 x':>11} {'tok/s x':>12}"
+        "  ok (direct, stack)",
+    ]
     for c in doc["summary"]["levels"]:
-        ok = (f"{int(sum(c['direct']['ok']['runs']))}/{c['direct']['requests']}, "
-              f"{int(sum(c['stack']['ok']['runs']))}/{c['stack']['requests']}")
-        out.append(f"{c['level']:>8} {v(c, 'added_ttft_p50_ms', 1):>14} {v(c, 'added_ttft_p99_ms', 1):>14} "
-                   f"{v(c, 'itl_p99_ratio', 2):>11} {v(c, 'tokens_per_s_ratio', 3):>12}  {ok}")
+        ok = (
+            f"{int(sum(c['direct']['ok']['runs']))}/{c['direct']['requests']}, "
+            f"{int(sum(c['stack']['ok']['runs']))}/{c['stack']['requests']}"
+        )
+        out.append(
+            f"{c['level']:>8} {v(c, 'added_ttft_p50_ms', 1):>14} {v(c, 'added_ttft_p99_ms', 1):>14} "
+            f"{v(c, 'itl_p99_ratio', 2):>11} {v(c, 'tokens_per_s_ratio', 3):>12}  {ok}"
+        )
     out += ["", "Targets:"]
     for t in doc["summary"]["targets"]:
         val = "—" if t["value"] is None else f"{t['value']:.3f}"
@@ -1284,8 +1538,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(line)  # noqa: T201
         return 0
     soft = raise_nofile_limit(max(cfg.levels) * 3 + 256)  # inherited by the services we spawn
-    log.info("open-files limit %d; levels %s, %d repeat(s), %d tokens, warm-up %d tokens", soft, cfg.levels,
-             cfg.repeats, cfg.tokens, cfg.warmup_tokens)
+    log.info(
+        "open-files limit %d; levels %s, %d repeat(s), %d tokens, warm-up %d tokens",
+        soft,
+        cfg.levels,
+        cfg.repeats,
+        cfg.tokens,
+        cfg.warmup_tokens,
+    )
     signal.signal(signal.SIGTERM, _sigterm)
     started = dt.datetime.now(dt.UTC)
     bench = Bench(cfg)

@@ -201,8 +201,12 @@ def measured_window(records: Sequence[RequestRecord]) -> float:
     return max(0.0, max(ends) - min(r.sent_at for r in records))
 
 
-def summarize(records: Sequence[RequestRecord], window_s: float | None = None,
-              cpu: ClientUsage | None = None, cpu_total: ClientUsage | None = None) -> dict[str, Any]:
+def summarize(
+    records: Sequence[RequestRecord],
+    window_s: float | None = None,
+    cpu: ClientUsage | None = None,
+    cpu_total: ClientUsage | None = None,
+) -> dict[str, Any]:
     """The run's summary. Latency figures use successful requests only; tokens count every
     request that reported usage (a request that failed after its usage chunk still delivered)."""
     ok = [r for r in records if r.ok]
@@ -222,8 +226,9 @@ def summarize(records: Sequence[RequestRecord], window_s: float | None = None,
     tpots = [t for r in ok if (t := r.tpot()) is not None]
     itls = [g for r in ok for g in r.itls()]
     tokens = sum(n for r in records if (n := r.output_tokens) is not None)
-    prompts = [int(r.usage["prompt_tokens"]) for r in records
-               if r.usage and isinstance(r.usage.get("prompt_tokens"), int)]
+    prompts = [
+        int(r.usage["prompt_tokens"]) for r in records if r.usage and isinstance(r.usage.get("prompt_tokens"), int)
+    ]
     chunks = sum(len(r.chunk_times) for r in ok)
     ok_tokens = sum(r.output_tokens or 0 for r in ok)
     finish: dict[str, int] = {}
@@ -357,8 +362,9 @@ def _body(cfg: LoadConfig, index: int) -> bytes:
     return json.dumps(body).encode()
 
 
-async def _one_request(session: aiohttp.ClientSession, cfg: LoadConfig, headers: dict[str, str], rec: RequestRecord,
-                       t_run0: float) -> None:
+async def _one_request(
+    session: aiohttp.ClientSession, cfg: LoadConfig, headers: dict[str, str], rec: RequestRecord, t_run0: float
+) -> None:
     body = _body(cfg, rec.index)
     parser = SSEParser()
     clock = time.perf_counter
@@ -397,8 +403,15 @@ async def _one_request(session: aiohttp.ClientSession, cfg: LoadConfig, headers:
         rec.end_at = clock() - t0
 
 
-async def _stream_worker(session: aiohttp.ClientSession, cfg: LoadConfig, headers: dict[str, str], stream: int,
-                         records: list[RequestRecord], t_run0: float, progress: _Progress) -> None:
+async def _stream_worker(
+    session: aiohttp.ClientSession,
+    cfg: LoadConfig,
+    headers: dict[str, str],
+    stream: int,
+    records: list[RequestRecord],
+    t_run0: float,
+    progress: _Progress,
+) -> None:
     if cfg.ramp_s > 0 and cfg.concurrency > 1:
         await asyncio.sleep(cfg.ramp_s * stream / cfg.concurrency)
     for k in range(cfg.requests_per_stream):
@@ -423,8 +436,14 @@ class _Progress:
 async def _report_progress(progress: _Progress, total: int, t0: float, every_s: float) -> None:
     while True:
         await asyncio.sleep(every_s)
-        log.info("%.1fs: %d/%d done (%d failed), %d in flight", time.perf_counter() - t0, progress.done, total,
-                 progress.failed, progress.in_flight)
+        log.info(
+            "%.1fs: %d/%d done (%d failed), %d in flight",
+            time.perf_counter() - t0,
+            progress.done,
+            total,
+            progress.failed,
+            progress.in_flight,
+        )
 
 
 async def run_load(cfg: LoadConfig, progress_every_s: float = 0.0) -> LoadResult:
@@ -440,18 +459,27 @@ async def run_load(cfg: LoadConfig, progress_every_s: float = 0.0) -> LoadResult
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s)
     records: list[RequestRecord] = []
     progress = _Progress()
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=cfg.read_bufsize,
-                                     auto_decompress=False, raise_for_status=False) as session:
+    async with aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        read_bufsize=cfg.read_bufsize,
+        auto_decompress=False,
+        raise_for_status=False,
+    ) as session:
         started_at_unix = time.time()
         cpu0 = client_usage()
         t0 = time.perf_counter()
-        reporter = (asyncio.create_task(_report_progress(progress, cfg.concurrency * cfg.requests_per_stream, t0,
-                                                         progress_every_s))
-                    if progress_every_s > 0 else None)
+        reporter = (
+            asyncio.create_task(
+                _report_progress(progress, cfg.concurrency * cfg.requests_per_stream, t0, progress_every_s)
+            )
+            if progress_every_s > 0
+            else None
+        )
         try:
-            await asyncio.gather(*[
-                _stream_worker(session, cfg, headers, s, records, t0, progress) for s in range(cfg.concurrency)
-            ])
+            await asyncio.gather(
+                *[_stream_worker(session, cfg, headers, s, records, t0, progress) for s in range(cfg.concurrency)]
+            )
         finally:
             if reporter is not None:
                 reporter.cancel()
@@ -521,13 +549,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s sse_client %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s sse_client %(levelname)s %(message)s"
+    )
     cfg = LoadConfig(
-        url=args.url, model=args.model, api_key=args.api_key, concurrency=args.concurrency,
-        requests_per_stream=args.requests_per_stream, max_tokens=args.max_tokens, prompt=args.prompt,
-        temperature=args.temperature, request_timeout_s=args.timeout, connect_timeout_s=args.connect_timeout,
-        read_timeout_s=args.read_timeout, ramp_s=args.ramp, read_bufsize=args.read_bufsize, label=args.label,
+        url=args.url,
+        model=args.model,
+        api_key=args.api_key,
+        concurrency=args.concurrency,
+        requests_per_stream=args.requests_per_stream,
+        max_tokens=args.max_tokens,
+        prompt=args.prompt,
+        temperature=args.temperature,
+        request_timeout_s=args.timeout,
+        connect_timeout_s=args.connect_timeout,
+        read_timeout_s=args.read_timeout,
+        ramp_s=args.ramp,
+        read_bufsize=args.read_bufsize,
+        label=args.label,
     )
     result: LoadResult = run(cfg, args.progress)
     out = result.to_json(include_requests=not args.summary_only)
@@ -538,8 +577,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp.write_text(json.dumps(out, separators=(",", ":")))
         tmp.replace(args.out)
     s = result.summary
-    print(json.dumps({k: s[k] for k in ("requests", "errors", "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms",  # noqa: T201
-                                        "output_tokens_per_s", "window_s", "client") if k in s}, indent=1))
+    keys = ("requests", "errors", "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "output_tokens_per_s", "window_s", "client")
+    sys.stdout.write(json.dumps({k: s[k] for k in keys if k in s}, indent=1) + "\n")
     return 0 if s["requests"]["failed"] == 0 else 1
 
 

@@ -301,7 +301,8 @@ def main() -> int:
     md = report(results, phases, args.out, stamp, started, time.monotonic() - t0)
     say(f"\n== 3. report: {md} (+ .json, .png)")
     say(md.read_text().split("## Metadata")[0])
-    say(f"The stack is still up: point any OpenAI client at {args.gateway}/v1 (key sk-llmlab-dev); `make down` stops it.")
+    say(f"The stack is still up: point any OpenAI client at {args.gateway}/v1 (key sk-llmlab-dev).")
+    say("`make down` stops it.")
     return 0 if all(r["summary"]["requests"]["failed"] == 0 for r in results) else 1
 
 

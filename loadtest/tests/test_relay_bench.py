@@ -15,24 +15,43 @@ import relay_bench as rb
 BENCH = Path(rb.__file__).resolve()
 
 
-def _run(level: int, mode: str, repeat: int, ttft50: float | None, ttft99: float | None, tps: float, *,
-         failed: int = 0,
-         cpu: dict[str, float] | None = None, gap: float = 0.5, errors: dict[str, int] | None = None) -> rb.Run:
+def _run(
+    level: int,
+    mode: str,
+    repeat: int,
+    ttft50: float | None,
+    ttft99: float | None,
+    tps: float,
+    *,
+    failed: int = 0,
+    cpu: dict[str, float] | None = None,
+    gap: float = 0.5,
+    errors: dict[str, int] | None = None,
+) -> rb.Run:
     r = rb.Run(level=level, mode=mode, repeat=repeat, tokens=256, wall_s=10.0)
     r.summary = {
         "requests": {"total": level, "ok": level - failed, "failed": failed},
-        "errors": errors or {}, "error_samples": {"stream": ["in-band error (worker_lost): gone"]} if failed else {},
-        "ttft_ms": {"p50": ttft50, "p99": ttft99}, "itl_ms": {"p99": 60.0 if mode == "direct" else 90.0},
-        "tpot_ms": {"p50": 50.0}, "e2e_ms": {"p50": 12900.0}, "output_tokens_per_s": tps,
+        "errors": errors or {},
+        "error_samples": {"stream": ["in-band error (worker_lost): gone"]} if failed else {},
+        "ttft_ms": {"p50": ttft50, "p99": ttft99},
+        "itl_ms": {"p99": 60.0 if mode == "direct" else 90.0},
+        "tpot_ms": {"p50": 50.0},
+        "e2e_ms": {"p50": 12900.0},
+        "output_tokens_per_s": tps,
         "output_tokens": int(tps * 10),
     }
     cpu = cpu or {"simulator": 0.3, "client": 0.4}
-    r.processes = {n: {"cpu_s": v * 10, "cpu_util_mean": v, "cpu_util_peak": min(1.0, v + 0.1), "rss_peak_mb": 60.0}
-                   for n, v in cpu.items()}
+    r.processes = {
+        n: {"cpu_s": v * 10, "cpu_util_mean": v, "cpu_util_peak": min(1.0, v + 0.1), "rss_peak_mb": 60.0}
+        for n, v in cpu.items()
+    }
     r.system = {"busy_cores_mean": sum(cpu.values()), "other_cpu_s": 0.5}
     r.engine_tokens = int(tps * 10) if not failed else 2000
-    r.liveness = {"heartbeat_gap_max_s": gap, "worker_health_ms_max": 3500.0 if gap > 3 else 5.0,
-                  "gateway_health_ms_max": 700.0}
+    r.liveness = {
+        "heartbeat_gap_max_s": gap,
+        "worker_health_ms_max": 3500.0 if gap > 3 else 5.0,
+        "gateway_health_ms_max": 700.0,
+    }
     return r
 
 
@@ -119,11 +138,18 @@ def test_monitor_window_measures_heartbeat_gaps() -> None:
 def _doc(tmp_path: Path) -> dict[str, Any]:
     comps = [rb.compare_level(_runs(), lv) for lv in (1, 1000)]
     meta = {k: "x" for k in REQUIRED_METADATA}
-    meta.update(date="2026-01-01T00:00:00+00:00", git_commit="0123456789abcdef", git_dirty=False,
-                simulator={"ttft_ms": 100, "itl_ms": 50, "output_len": 256}, repeats=2)
-    return {"metadata": meta,
-            "summary": {"levels": comps, "targets": rb.evaluate_targets(comps), "analysis": rb.analyse(comps, 2)},
-            "runs": [r.to_json() for r in _runs()]}
+    meta.update(
+        date="2026-01-01T00:00:00+00:00",
+        git_commit="0123456789abcdef",
+        git_dirty=False,
+        simulator={"ttft_ms": 100, "itl_ms": 50, "output_len": 256},
+        repeats=2,
+    )
+    return {
+        "metadata": meta,
+        "summary": {"levels": comps, "targets": rb.evaluate_targets(comps), "analysis": rb.analyse(comps, 2)},
+        "runs": [r.to_json() for r in _runs()],
+    }
 
 
 @pytest.mark.unit
@@ -140,18 +166,39 @@ def test_reports_render(tmp_path: Path) -> None:
 
 
 REQUIRED_METADATA = (
-    "date", "git_commit", "git_dirty", "model_id", "model_revision", "engine", "engine_version", "container_image",
-    "gpu", "gpu_count", "driver", "cuda_or_rocm", "cpu", "ram", "prompt_dataset", "input_length_distribution",
-    "output_length_distribution", "concurrency", "warmup", "duration", "sampling_parameters", "simulated",
-    "simulated_note", "command_line",
+    "date",
+    "git_commit",
+    "git_dirty",
+    "model_id",
+    "model_revision",
+    "engine",
+    "engine_version",
+    "container_image",
+    "gpu",
+    "gpu_count",
+    "driver",
+    "cuda_or_rocm",
+    "cpu",
+    "ram",
+    "prompt_dataset",
+    "input_length_distribution",
+    "output_length_distribution",
+    "concurrency",
+    "warmup",
+    "duration",
+    "sampling_parameters",
+    "simulated",
+    "simulated_note",
+    "command_line",
 )
 
 
 @pytest.mark.e2e
 def test_quick_bench_end_to_end(tmp_path: Path) -> None:
     """``relay_bench.py --quick``: the whole stack plus the simulator, levels 1 and 100 (about a minute)."""
-    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--out-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     latest = json.loads((tmp_path / "relay-latest.json").read_text())
     stamped = sorted(tmp_path.glob("relay-2*.json"))
@@ -163,7 +210,8 @@ def test_quick_bench_end_to_end(tmp_path: Path) -> None:
     assert meta["simulated"] is True and meta["gpu"] == "none (simulated)"
     runs = latest["runs"]
     assert {(r["level"], r["mode"], r["repeat"]) for r in runs} == {
-        (lv, m, rep) for lv in (1, 100) for m in ("direct", "stack") for rep in (0, 1)}
+        (lv, m, rep) for lv in (1, 100) for m in ("direct", "stack") for rep in (0, 1)
+    }
     for r in runs:  # a benchmark, not a test of targets: only that every request came back
         assert r["requests_failed"] == 0 and r["requests_ok"] == r["level"], r
         assert {"simulator", "worker", "gateway", "client"} <= set(r["processes"])
@@ -175,8 +223,9 @@ def test_quick_bench_end_to_end(tmp_path: Path) -> None:
 def test_histogram_means_between_two_scrapes() -> None:
     before = {"llmlab_worker_nats_queue_seconds": (1.0, 10.0)}
     after = {"llmlab_worker_nats_queue_seconds": (1.5, 20.0), "llmlab_worker_ttft_seconds": (2.0, 10.0)}
-    means = rb.histogram_means_ms(before, after, {"q": "llmlab_worker_nats_queue_seconds",
-                                                  "t": "llmlab_worker_ttft_seconds", "none": "missing"})
+    means = rb.histogram_means_ms(
+        before, after, {"q": "llmlab_worker_nats_queue_seconds", "t": "llmlab_worker_ttft_seconds", "none": "missing"}
+    )
     assert means == {"q": pytest.approx(50.0), "t": pytest.approx(200.0), "none": None}
 
 

@@ -15,11 +15,29 @@ LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 CLIENT = Path(sc.__file__).resolve()
 
 
-def _rec(index: int, sent: float, chunks: list[float], tokens: int | None, *, end: float | None = None,
-         finish: str | None = "stop", status: int = 200, kind: str | None = None) -> sc.RequestRecord:
-    r = sc.RequestRecord(index=index, stream=index, sent_at=sent, status=status, chunk_times=chunks,
-                         end_at=end if end is not None else (chunks[-1] if chunks else 0.0) + 0.001,
-                         finish_reason=finish, done=True, error_kind=kind, error=kind and f"{kind} error")
+def _rec(
+    index: int,
+    sent: float,
+    chunks: list[float],
+    tokens: int | None,
+    *,
+    end: float | None = None,
+    finish: str | None = "stop",
+    status: int = 200,
+    kind: str | None = None,
+) -> sc.RequestRecord:
+    r = sc.RequestRecord(
+        index=index,
+        stream=index,
+        sent_at=sent,
+        status=status,
+        chunk_times=chunks,
+        end_at=end if end is not None else (chunks[-1] if chunks else 0.0) + 0.001,
+        finish_reason=finish,
+        done=True,
+        error_kind=kind,
+        error=kind and f"{kind} error",
+    )
     if tokens is not None:
         r.usage = {"prompt_tokens": 12, "completion_tokens": tokens, "total_tokens": tokens + 12}
     return r
@@ -56,22 +74,32 @@ def test_distribution_reports_milliseconds() -> None:
 def test_sse_parser_splits_events_across_reads_and_line_endings() -> None:
     p = sc.SSEParser()
     assert p.feed(b'data: {"a":1}\n\ndata: {"b"') == [b'{"a":1}']
-    assert p.feed(b':2}\n\n: comment\n\ndata: [DONE]\r\n\r\n') == [b'{"b":2}', b"[DONE]"]
+    assert p.feed(b":2}\n\n: comment\n\ndata: [DONE]\r\n\r\n") == [b'{"b":2}', b"[DONE]"]
     assert p.feed(b"event: x\ndata: line1\ndata: line2\n\n") == [b"line1\nline2"]
     assert p.feed(b"data: tail-without-blank-line") == []
     assert p.close() == [b"tail-without-blank-line"]
 
 
-def _chunk(content: str | None = None, *, role: bool = False, finish: str | None = None,
-           usage: dict[str, int] | None = None, compact: bool = True) -> bytes:
+def _chunk(
+    content: str | None = None,
+    *,
+    role: bool = False,
+    finish: str | None = None,
+    usage: dict[str, int] | None = None,
+    compact: bool = True,
+) -> bytes:
     if usage is not None:
         obj: dict[str, object] = {"id": "x", "object": "chat.completion.chunk", "choices": [], "usage": usage}
     else:
         delta: dict[str, object] = {"role": "assistant"} if role else {}
         if content is not None:
             delta["content"] = content
-        obj = {"id": "x", "object": "chat.completion.chunk",
-               "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], "usage": None}
+        obj = {
+            "id": "x",
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            "usage": None,
+        }
     return json.dumps(obj, separators=(",", ":") if compact else (", ", ": ")).encode()
 
 
@@ -83,8 +111,9 @@ def test_apply_event_counts_only_content_chunks(compact: bool) -> None:
     sc.apply_event(r, _chunk("Hello", compact=compact), 0.11)
     sc.apply_event(r, _chunk(' "quoted" \\ "finish_reason":null', compact=compact), 0.16)  # tricky text
     sc.apply_event(r, _chunk(None, finish="length", compact=compact), 0.17)  # finish without content
-    sc.apply_event(r, _chunk(usage={"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
-                             compact=compact), 0.17)
+    sc.apply_event(
+        r, _chunk(usage={"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}, compact=compact), 0.17
+    )
     assert not r.done
     sc.apply_event(r, b"[DONE]", 0.18)
     assert r.chunk_times == [0.11, 0.16]
@@ -94,9 +123,16 @@ def test_apply_event_counts_only_content_chunks(compact: bool) -> None:
 
 @pytest.mark.unit
 def test_fast_path_agrees_with_json_parsing() -> None:
-    cases = [_chunk("tok"), _chunk(""), _chunk("", role=True), _chunk("end", finish="stop"),
-             _chunk(None, finish="stop"), _chunk(usage={"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}),
-             _chunk('x"usage":{'), b'{"error":{"message":"boom","code":500}}']
+    cases = [
+        _chunk("tok"),
+        _chunk(""),
+        _chunk("", role=True),
+        _chunk("end", finish="stop"),
+        _chunk(None, finish="stop"),
+        _chunk(usage={"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}),
+        _chunk('x"usage":{'),
+        b'{"error":{"message":"boom","code":500}}',
+    ]
     for payload in cases:
         fast = sc.RequestRecord(index=0, stream=0, sent_at=0.0)
         sc.apply_event(fast, payload, 1.0)
@@ -165,8 +201,9 @@ def test_summary_of_nothing() -> None:
 @pytest.mark.integration
 async def test_real_run_records_every_chunk(stack: Stack) -> None:
     sim = stack.sim("vllm", LLAMA, ttft_ms=30, itl_ms=5, output_len=16)
-    cfg = sc.LoadConfig(url=url(sim) + "/v1/chat/completions", model=LLAMA, concurrency=5, requests_per_stream=2,
-                        max_tokens=16)
+    cfg = sc.LoadConfig(
+        url=url(sim) + "/v1/chat/completions", model=LLAMA, concurrency=5, requests_per_stream=2, max_tokens=16
+    )
     res = await sc.run_load(cfg)
     s = res.summary
     assert s["requests"] == {"total": 10, "ok": 10, "failed": 0}
@@ -204,8 +241,11 @@ async def test_errors_are_classified(stack: Stack) -> None:
     base = url(sim) + "/v1/chat/completions"
     http = await sc.run_load(sc.LoadConfig(url=base, model="no-such-model", max_tokens=4))
     assert http.records[0].error_kind == "http" and http.records[0].status == 404
-    dead = await sc.run_load(sc.LoadConfig(url=f"http://127.0.0.1:{free_port()}/v1/chat/completions", model=LLAMA,
-                                           max_tokens=4, connect_timeout_s=2))
+    dead = await sc.run_load(
+        sc.LoadConfig(
+            url=f"http://127.0.0.1:{free_port()}/v1/chat/completions", model=LLAMA, max_tokens=4, connect_timeout_s=2
+        )
+    )
     assert dead.records[0].error_kind == "connection"
     slow = await sc.run_load(sc.LoadConfig(url=base, model=LLAMA, max_tokens=4, read_timeout_s=0.3))
     assert slow.records[0].error_kind == "timeout"
@@ -217,9 +257,28 @@ def test_cli_writes_raw_records_and_summary(stack: Stack, tmp_path: Path) -> Non
     sim = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=5, output_len=8)
     out = tmp_path / "run.json"
     proc = subprocess.run(
-        [sys.executable, str(CLIENT), "--url", url(sim) + "/v1/chat/completions", "--model", LLAMA, "--api-key",
-         "sk-test", "--concurrency", "3", "--requests-per-stream", "1", "--max-tokens", "8", "--out", str(out)],
-        capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            str(CLIENT),
+            "--url",
+            url(sim) + "/v1/chat/completions",
+            "--model",
+            LLAMA,
+            "--api-key",
+            "sk-test",
+            "--concurrency",
+            "3",
+            "--requests-per-stream",
+            "1",
+            "--max-tokens",
+            "8",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
     assert data["summary"]["requests"] == {"total": 3, "ok": 3, "failed": 0}

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from llmlab_testkit.fixtures import _cleanup
 from llmlab_testkit.procs import free_port, unique_namespace
 
@@ -25,13 +24,21 @@ def test_demo_runs_end_to_end_and_writes_its_report(tmp_path: Path) -> None:
         **os.environ,
         "LLMLAB_NAMESPACE": ns,
         "LLMLAB_RUN_DIR": str(tmp_path / "run"),
-        **{k: str(free_port()) for k in ("GATEWAY_PORT", "SIM_VLLM_PORT", "SIM_SGLANG_PORT", "WORKER_VLLM_PORT",
-                                         "WORKER_SGLANG_PORT")},
+        **{
+            k: str(free_port())
+            for k in ("GATEWAY_PORT", "SIM_VLLM_PORT", "SIM_SGLANG_PORT", "WORKER_VLLM_PORT", "WORKER_SGLANG_PORT")
+        },
     }
     try:
         subprocess.run(["bash", "scripts/stack.sh", "up"], cwd=REPO, env=env, check=True, timeout=120)
-        out = subprocess.run([sys.executable, "scripts/demo.py", "--out", str(tmp_path / "results")], cwd=REPO,
-                             env=env, capture_output=True, text=True, timeout=240)
+        out = subprocess.run(
+            [sys.executable, "scripts/demo.py", "--out", str(tmp_path / "results")],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         assert "HTTP 404" in out.stdout and "HTTP 503" in out.stdout  # the error tour
         reports = list((tmp_path / "results").glob("demo-*.md"))
