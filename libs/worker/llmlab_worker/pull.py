@@ -65,10 +65,6 @@ class Capacity:
             self.free = min(self.total, self.free + n)
             self._cond.notify_all()
 
-    @property
-    def in_use(self) -> int:
-        return self.total - self.free
-
 
 class PullFeeder:
     """One consumer's lingering pull, refilled as capacity frees.
