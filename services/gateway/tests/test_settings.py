@@ -3,7 +3,6 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-
 from llmlab_common.settings import InfraSettings
 from llmlab_gateway.settings import GatewaySettings
 
