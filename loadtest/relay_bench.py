@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
-import importlib.metadata
 import itertools
 import json
 import logging
@@ -51,6 +50,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from bench_meta import cpu_model, dist_version, git  # noqa: E402
 from llmlab_testkit.procs import ManagedProcess, Stack, unique_namespace, url  # noqa: E402
 from sse_client import percentile, raise_nofile_limit  # noqa: E402
 
@@ -578,8 +578,8 @@ class Bench:
         self.other_before = 0.0
         self.monitor: Monitor | None = None
         # The code under test is what is checked out when the services start (others may commit meanwhile).
-        self.git_commit = _git("rev-parse", "HEAD") or "unknown"
-        self.git_dirty_files = [ln for ln in _git("status", "--porcelain").splitlines() if ln.strip()]
+        self.git_commit = git("rev-parse", "HEAD") or "unknown"
+        self.git_dirty_files = [ln for ln in git("status", "--porcelain").splitlines() if ln.strip()]
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -1176,30 +1176,6 @@ def _budget_lines(comparisons: Sequence[dict[str, Any]], cores: int) -> list[str
 # ---------------------------------------------------------------------------------------------
 # Metadata and outputs
 # ---------------------------------------------------------------------------------------------
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def _cpu_model() -> str:
-    model = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return f"{model}, {psutil.cpu_count(logical=True)} logical cores ({psutil.cpu_count(logical=False)} physical)"
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def _nats_version(proc: psutil.Process | None) -> str:
     exe = None
     with contextlib.suppress(psutil.Error):
@@ -1224,13 +1200,13 @@ def metadata(cfg: BenchConfig, bench: Bench, started: dt.datetime, duration_s: f
         "model_id": MODEL,
         "model_revision": "n/a (simulator: no weights are loaded; the name is only served)",
         "engine": "engine-sim (vllm flavour)",
-        "engine_version": f"llmlab-engine-sim {_version('llmlab-engine-sim')} (this repository's working tree)",
+        "engine_version": f"llmlab-engine-sim {dist_version('llmlab-engine-sim')} (this repository's working tree)",
         "container_image": "n/a (processes run on the host from the repository venv)",
         "gpu": "none (simulated)",
         "gpu_count": 0,
         "driver": "n/a (no GPU)",
         "cuda_or_rocm": "n/a (no GPU)",
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "ram": f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
         "prompt_dataset": "none: synthetic, one user message (a fixed sentence + the request index)",
         "input_length_distribution": (
@@ -1285,7 +1261,7 @@ def metadata(cfg: BenchConfig, bench: Bench, started: dt.datetime, duration_s: f
         "nats_url": cfg.nats_url,
         "nats_server_version": _nats_version(bench.services.get("nats-server")),
         "python": platform.python_version(),
-        "aiohttp": _version("aiohttp"),
+        "aiohttp": dist_version("aiohttp"),
         "platform": platform.platform(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "open_files_limit": raise_nofile_limit(),
