@@ -204,6 +204,7 @@ class CompletionService:
         else:
             prompt = body.prompt_text()
         now = time.time()
+        plan = self.catalog.plans.get(ctx.principal.plan)
         return InferenceRequest(
             request_id=ctx.request_id,
             attempt=attempt,
@@ -217,6 +218,7 @@ class CompletionService:
             prompt=prompt,
             params=params,
             principal=ctx.principal,
+            priority=plan.priority if plan else 0,
             created_at=ctx.created_at,
             dispatched_at=now,
             start_deadline=now + queue_timeout,

@@ -126,6 +126,7 @@ async def test_happy_path_uses_plan_default_max_tokens_and_relays_in_order() -> 
     assert req.params.max_tokens == 256  # plan "free" default
     assert req.start_deadline - req.dispatched_at == pytest.approx(0.05)
     assert req.model == MODEL and req.pool == "gpu-vllm"
+    assert req.priority == 0  # plan "free"
 
 
 async def test_queue_timeout_is_429_with_retry_after_and_cancels_the_attempt() -> None:
