@@ -566,6 +566,7 @@ class Worker:
                     f.gate.set()
                 else:
                     f.gate.clear()
+            await self._publish_heartbeat()  # tell gateways now, not at the next tick
 
     async def _publish_heartbeat(self) -> None:
         if self.nc is None or not self.nc.is_connected:
