@@ -205,6 +205,7 @@ class Stack:
             "LLMLAB_WORKER_MAX_CONCURRENCY": str(max_concurrency),
             "LLMLAB_WORKER_HEARTBEAT_INTERVAL_S": str(heartbeat_s),
             "LLMLAB_WORKER_DRAIN_TIMEOUT_S": "5",
+            "LLMLAB_WORKER_PULL_EXPIRES_S": "0.5",
             **({"LLMLAB_WORKER_WORKER_ID": worker_id} if worker_id else {}),
             **(env or {}),
         }

@@ -240,7 +240,7 @@ class Worker:
                 self.capacity,
                 self._on_request,
                 max_batch=min(256, s.max_concurrency),
-                expires_s=5.0,
+                expires_s=s.pull_expires_s,
             ),
             PullFeeder(
                 self.nc,
@@ -249,7 +249,7 @@ class Worker:
                 self.capacity,
                 self._on_request,
                 max_batch=1,
-                expires_s=5.0,
+                expires_s=s.pull_expires_s,
                 reserve_slots=False,
             ),
         ]
@@ -274,7 +274,7 @@ class Worker:
         """Stop pulling, let running attempts finish (up to ``timeout``), then close."""
         self.draining = True
         for f in self._feeders:
-            await f.stop()
+            await f.stop_pulling()
         await self._publish_heartbeat()
         deadline = time.monotonic() + timeout
         while self.running and time.monotonic() < deadline:
@@ -285,6 +285,8 @@ class Worker:
                 r.task.cancel()
         if self.running:
             await asyncio.sleep(0.1)
+        for f in self._feeders:
+            await f.close(timeout=f.expires_s + 1)
         await self._outbox.flushed(2.0)
         for t in self._tasks:
             t.cancel()
@@ -333,6 +335,12 @@ class Worker:
 
     # -- taking work -----------------------------------------------------------------------
     async def _on_request(self, msg: Msg, held_slot: bool) -> None:
+        if self.draining or not self.engine_ready:
+            # Someone else can run it now: hand it back without waiting for ack_wait.
+            await msg.nak()
+            if held_slot:
+                await self.capacity.release(1)
+            return
         if not held_slot and not self.capacity.try_take() and not self._pool_feeder().steal_reserved():
             # Busy: wait for the next free slot, ahead of the pool feeder.
             await self.capacity.take_up_to(1, priority=True)
@@ -340,11 +348,6 @@ class Worker:
             req = InferenceRequest.model_validate_json(msg.data)
         except ValidationError as exc:
             await self._dead_letter(msg, str(exc))
-            await self.capacity.release(1)
-            return
-        if self.draining or not self.engine_ready:
-            # Someone else can run it now: hand it back without waiting for ack_wait.
-            await msg.nak()
             await self.capacity.release(1)
             return
         run = _Running(req=req, msg=msg)

@@ -98,6 +98,7 @@ class PullFeeder:
         self._sub: Subscription | None = None
         self._remaining = 0
         self._done = asyncio.Event()
+        self._open_left = 0  # messages the server may still deliver on the outstanding pull
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.gate = asyncio.Event()  # cleared while the engine is down or the worker drains
@@ -107,13 +108,23 @@ class PullFeeder:
         self._sub = await self.nc.subscribe(self._inbox, cb=self._on_msg)
         self._task = asyncio.create_task(self._loop(), name=f"pull:{self._next_subject}")
 
-    async def stop(self) -> None:
+    async def stop_pulling(self) -> None:
+        """No new pulls. The outstanding one may still deliver: keep listening (the handler hands
+        such messages back with a NAK) until :meth:`close`."""
         self._stopping = True
         self.gate.clear()
         self._done.set()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+
+    async def close(self, timeout: float) -> None:
+        """Wait (up to ``timeout``) for the outstanding pull to end, then stop listening, so no
+        message is delivered to a dead inbox and left to wait out its ack_wait."""
+        await self.stop_pulling()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self._open_left > 0 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
@@ -122,7 +133,7 @@ class PullFeeder:
         while not self._stopping:
             await self.gate.wait()
             k = await self.capacity.take_up_to(self.max_batch) if self.reserve_slots else 1
-            self._remaining = k
+            self._remaining = self._open_left = k
             self._done.clear()
             req = {"batch": k, "expires": int(self.expires_s * 1e9)}
             try:
@@ -157,8 +168,10 @@ class PullFeeder:
         if status is not None:
             log.debug("pull status %s on %s (remaining %d)", status, self._next_subject, self._remaining)
             if status != "100":  # 100 = idle heartbeat; 404/408/409 end the pull
+                self._open_left = 0
                 self._done.set()
             return
+        self._open_left = max(0, self._open_left - 1)
         held_slot = self.reserve_slots and self._remaining > 0
         # The handler returns once the message owns a slot (it waits for one when none was
         # reserved), so the next pull is issued only after that: nothing piles up here.

@@ -33,7 +33,9 @@ class WorkerSettings(ServiceSettings):
     max_deliver: int = Field(default=3, ge=1)
     # Consumers of dead workers are removed by NATS after this long without pulls.
     worker_consumer_inactive_s: float = Field(default=300.0, gt=0)
-    fetch_timeout_s: float = Field(default=1.0, gt=0)
+    # Lifetime of each lingering pull request. Shorter: a drain waits less for the last one to end
+    # (so nothing is delivered to a closed inbox); longer: fewer idle pull requests.
+    pull_expires_s: float = Field(default=2.0, gt=0)
     # Tokens that arrive within this window of the previous flush go out in one NATS message.
     coalesce_ms: float = Field(default=10.0, ge=0)
     engine_connect_timeout_s: float = 5.0
