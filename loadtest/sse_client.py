@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import resource
 import sys
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from llmlab_common.stats import quantile
 
 log = logging.getLogger("sse_client")
 
@@ -170,14 +170,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
         raise ValueError(f"percentile must be within [0, 100], got {q}")
     if not values:
         return None
-    data = sorted(values)
-    if len(data) == 1:
-        return float(data[0])
-    pos = (len(data) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(data) - 1)
-    frac = pos - lo
-    return float(data[lo] + (data[hi] - data[lo]) * frac)
+    return quantile(sorted(values), q / 100.0)
 
 
 def distribution_ms(values_s: Iterable[float], qs: Sequence[float] = (50, 95, 99)) -> dict[str, float | None]:

@@ -136,6 +136,13 @@ class Catalog(_Strict):
                 out.setdefault(name, []).append(d)
         return out
 
+    @cached_property
+    def _by_id(self) -> dict[str, Deployment]:
+        return {d.id: d for d in self.deployments}
+
+    def deployment(self, deployment_id: str) -> Deployment | None:
+        return self._by_id.get(deployment_id)
+
     def resolve(self, name: str) -> list[Deployment]:
         """Deployments that can serve a public model id, deployment id or alias (catalog order)."""
         return list(self._by_name.get(name, []))

@@ -104,6 +104,15 @@ class Topology:
         return f"{self.namespace}.evt.deadletter"
 
 
+def attempt_event_msg_id(request_id: str, attempt: int, source: str) -> str:
+    """Dedup id of an attempt's event: one per (request, attempt) from each source (worker, gateway)."""
+    return f"evt:{request_id}:{attempt}:{source}"
+
+
+def request_event_msg_id(request_id: str) -> str:
+    return f"req:{request_id}"
+
+
 def attempt_msg_id(request_id: str, attempt: int) -> str:
     """JetStream dedup id: a retry (new attempt) is a new message, a re-publish of one attempt is not."""
     return f"{request_id}:{attempt}"

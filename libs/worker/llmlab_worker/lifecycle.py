@@ -33,7 +33,7 @@ from llmlab_common.messages import (
 )
 from llmlab_common.metrics import TOKEN_BUCKETS, Metrics
 from llmlab_common.natsio import connect, ensure_streams
-from llmlab_common.subjects import Topology
+from llmlab_common.subjects import Topology, attempt_event_msg_id
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -312,7 +312,7 @@ class Worker:
             await self.js.publish(
                 self.topo.attempt_event_subject,
                 event.model_dump_json(exclude_none=True).encode(),
-                headers={"Nats-Msg-Id": f"evt:{event.request_id}:{event.attempt}:{event.source}"},
+                headers={"Nats-Msg-Id": attempt_event_msg_id(event.request_id, event.attempt, event.source)},
                 timeout=5,
             )
         except Exception:
@@ -528,7 +528,7 @@ class Worker:
             if t.itl_p50_s is not None:
                 self.m.itl.observe(t.itl_p50_s)
             self.m.e2e.observe(t.e2e_s)
-        deployment = next((d for d in self.catalog.deployments if d.id == req.deployment), None)
+        deployment = self.catalog.deployment(req.deployment)
         event = AttemptEvent(
             request_id=req.request_id,
             attempt=req.attempt,

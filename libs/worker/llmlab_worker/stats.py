@@ -5,16 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmlab_common.messages import Timings
-
-
-def quantile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated quantile of an already sorted list (numpy's default method)."""
-    if not sorted_values:
-        raise ValueError("no values")
-    pos = (len(sorted_values) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+from llmlab_common.stats import quantile
 
 
 @dataclass

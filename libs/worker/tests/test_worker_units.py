@@ -5,9 +5,10 @@ import time
 
 import pytest
 from llmlab_common.messages import InferenceRequest, SamplingParams, TokenChunk
+from llmlab_common.stats import quantile
 from llmlab_worker.engine import OpenAIEngineAdapter
 from llmlab_worker.lifecycle import _Coalescer
-from llmlab_worker.stats import AttemptClock, quantile
+from llmlab_worker.stats import AttemptClock
 from llmlab_worker_sglang.adapter import SglangAdapter
 from llmlab_worker_vllm.adapter import VllmAdapter
 

@@ -27,7 +27,7 @@ from llmlab_common.messages import (
     StreamStarted,
 )
 from llmlab_common.metrics import Metrics
-from llmlab_common.subjects import Topology, attempt_msg_id
+from llmlab_common.subjects import Topology, attempt_event_msg_id, attempt_msg_id, request_event_msg_id
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -198,12 +198,14 @@ class NatsDispatcher:
     def record_attempt(self, event: AttemptEvent) -> None:
         self._spawn(
             self._publish_event(
-                self.topo.attempt_event_subject, event, f"evt:{event.request_id}:{event.attempt}:{event.source}"
+                self.topo.attempt_event_subject,
+                event,
+                attempt_event_msg_id(event.request_id, event.attempt, event.source),
             )
         )
 
     def record_request(self, event: RequestEvent) -> None:
-        self._spawn(self._publish_event(self.topo.request_event_subject, event, f"req:{event.request_id}"))
+        self._spawn(self._publish_event(self.topo.request_event_subject, event, request_event_msg_id(event.request_id)))
 
     # -- internals -------------------------------------------------------------------------------
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:

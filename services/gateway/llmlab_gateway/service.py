@@ -245,7 +245,7 @@ class CompletionService:
         for attempt in range(1, self.settings.max_attempts + 1):
             req = self._build(ctx, route, attempt, queue_timeout)
             handle = await self.dispatcher.dispatch(req, route)
-            opened, err = await self._await_first_token(ctx, req, handle, queue_timeout)
+            opened, err = await self._await_first_token(ctx, req, route.deployment, handle, queue_timeout)
             if opened is not None:
                 opened.attempts = attempt
                 return opened
@@ -261,15 +261,19 @@ class CompletionService:
         )
 
     async def _await_first_token(
-        self, ctx: CallContext, req: InferenceRequest, handle: AttemptHandle, queue_timeout: float
+        self,
+        ctx: CallContext,
+        req: InferenceRequest,
+        route_dep: Deployment,
+        handle: AttemptHandle,
+        queue_timeout: float,
     ) -> tuple[OpenedStream | None, LLMLabError | None]:
-        route_dep = next(d for d in self.catalog.deployments if d.id == req.deployment)
         msg = await handle.next(queue_timeout)
         if msg is None:
             # Nobody took it in time: tell workers to drop it if they take it later (its start
             # deadline says the same), and answer 429 so the client backs off.
             self.dispatcher.cancel(req.request_id, req.attempt, "queue_timeout")
-            self._gateway_attempt_event(ctx, req, "abandoned", None, "queue wait exceeded")
+            self._gateway_attempt_event(ctx, req, route_dep, "abandoned", None, "queue wait exceeded")
             raise RateLimited(
                 f"No capacity for '{route_dep.model}' within {queue_timeout:.1f}s (all workers busy); retry later.",
                 retry_after_s=queue_timeout,
@@ -289,16 +293,21 @@ class CompletionService:
         self.dispatcher.cancel(req.request_id, req.attempt, "retry")
         why = "worker lost" if isinstance(msg, WorkerLost) else "no first token in time"
         self._gateway_attempt_event(
-            ctx, req, "worker_lost" if isinstance(msg, WorkerLost) else "abandoned", worker_id, why
+            ctx, req, route_dep, "worker_lost" if isinstance(msg, WorkerLost) else "abandoned", worker_id, why
         )
         err = EngineError(f"attempt {req.attempt}: {why}", code="worker_lost")
         err.retryable = True
         return None, err
 
     def _gateway_attempt_event(
-        self, ctx: CallContext, req: InferenceRequest, outcome: AttemptOutcome, worker_id: str | None, why: str
+        self,
+        ctx: CallContext,
+        req: InferenceRequest,
+        dep: Deployment,
+        outcome: AttemptOutcome,
+        worker_id: str | None,
+        why: str,
     ) -> None:
-        dep = next(d for d in self.catalog.deployments if d.id == req.deployment)
         self.dispatcher.record_attempt(
             AttemptEvent(
                 request_id=req.request_id,
