@@ -646,7 +646,7 @@ class Bench:
         try:
             from llmlab_testkit.fixtures import _cleanup
 
-            asyncio.run(_cleanup(self.stack.namespace, self.stack.nats_url))
+            asyncio.run(_cleanup(self.stack.namespace, self.stack.nats_url, self.stack.redis_url))
             log.info("namespace %s: processes stopped, streams deleted", self.stack.namespace)
         except Exception:
             log.exception("could not delete the streams of namespace %s", self.stack.namespace)

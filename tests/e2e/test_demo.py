@@ -50,4 +50,10 @@ def test_demo_runs_end_to_end_and_writes_its_report(tmp_path: Path) -> None:
         assert list((tmp_path / "results").glob("demo-*.png"))
     finally:
         subprocess.run(["bash", "scripts/stack.sh", "down"], cwd=REPO, env=env, timeout=60)
-        asyncio.run(_cleanup(ns, env.get("LLMLAB_NATS_URL", "nats://127.0.0.1:4222")))
+        asyncio.run(
+            _cleanup(
+                ns,
+                env.get("LLMLAB_NATS_URL", "nats://127.0.0.1:4222"),
+                env.get("LLMLAB_REDIS_URL", "redis://127.0.0.1:6379/0"),
+            )
+        )

@@ -87,12 +87,61 @@ class SloClass(_Strict):
         return self
 
 
+# Largest limit accepted anywhere: budgets are counted in Redis/Lua numbers (doubles), exact up
+# to 2**53; 10**15 tokens is far beyond any real budget and rejects typos like 1e30.
+MAX_LIMIT = 10**15
+
+
+class LimitSet(_Strict):
+    """Limits of one scope (a key, user, team or tenant); ``None`` means unlimited.
+
+    Token budgets count input + output tokens; windows roll over at midnight (day) and on the
+    first of the month in the budget service's configured time zone; RPM/TPM are per minute."""
+
+    daily_tokens: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
+    monthly_tokens: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
+    max_input_tokens: int | None = Field(default=None, ge=1, le=MAX_LIMIT)  # per request
+    max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_LIMIT)  # per request
+    rpm: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
+    tpm: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
+    max_concurrent: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
+
+    def merged(self, overrides: LimitSet) -> LimitSet:
+        """These limits with every field the overrides set replacing ours."""
+        return self.model_copy(update=overrides.model_dump(exclude_unset=True))
+
+
+ScopeName = Literal["key", "user", "team", "tenant"]
+SCOPES: tuple[ScopeName, ...] = ("key", "user", "team", "tenant")
+
+
+class PlanBudget(_Strict):
+    """A plan's budget defaults: limits per scope level plus how requests are reserved."""
+
+    key: LimitSet = Field(default_factory=LimitSet)
+    user: LimitSet = Field(default_factory=LimitSet)
+    team: LimitSet = Field(default_factory=LimitSet)
+    tenant: LimitSet = Field(default_factory=LimitSet)
+    # Safety margin kept free on every budget when a request reserves (estimation error).
+    reserve_tokens: int = Field(default=256, ge=0, le=MAX_LIMIT)
+    # Below this output allowance the request is refused (429 insufficient_quota).
+    min_output_tokens: int = Field(default=16, ge=1, le=MAX_LIMIT)
+    # Tool definitions (and tool calls in the history) count as input tokens.
+    count_tools: bool = True
+    # When the allowance is below the requested max_tokens: clamp max_tokens, or refuse.
+    on_short: Literal["clamp", "refuse"] = "clamp"
+
+    def limits(self, scope: ScopeName) -> LimitSet:
+        return getattr(self, scope)
+
+
 class Plan(_Strict):
     default_max_tokens: int = Field(gt=0)
     quality_floor: float = Field(ge=0, le=1)
     cost_cap_usd: float = Field(gt=0)
     priority: int = 0
     slo_class: str
+    budget: PlanBudget = Field(default_factory=PlanBudget)
 
 
 class Catalog(_Strict):
@@ -146,6 +195,15 @@ class Catalog(_Strict):
     def resolve(self, name: str) -> list[Deployment]:
         """Deployments that can serve a public model id, deployment id or alias (catalog order)."""
         return list(self._by_name.get(name, []))
+
+    def require(self, name: str) -> list[Deployment]:
+        """:meth:`resolve`, or the OpenAI-shaped 404 for a name nothing serves."""
+        from llmlab_common.errors import ModelNotFound  # errors imports messages; keep catalog light
+
+        found = self.resolve(name)
+        if not found:
+            raise ModelNotFound(f"The model '{name}' does not exist. Available: {', '.join(self.public_models())}.")
+        return found
 
     def public_models(self) -> list[str]:
         seen: dict[str, None] = {}

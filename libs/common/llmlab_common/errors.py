@@ -83,9 +83,16 @@ class RateLimited(LLMLabError):
 
 
 class InsufficientQuota(LLMLabError):
+    """429: a token budget is spent; Retry-After says when its window rolls over."""
+
     status = 429
     type = "insufficient_quota"
     code = "insufficient_quota"
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None, code: str | None = None) -> None:
+        headers = {"Retry-After": str(max(1, round(retry_after_s)))} if retry_after_s is not None else None
+        super().__init__(message, code=code, headers=headers)
+        self.retry_after_s = retry_after_s
 
 
 class ServiceUnavailable(LLMLabError):
@@ -108,9 +115,22 @@ class UpstreamTimeout(LLMLabError):
     code = "timeout"
 
 
-def error_from_info(info: ErrorInfo) -> LLMLabError:
-    """Rebuild an error that crossed NATS as :class:`ErrorInfo`."""
-    for cls in (InvalidRequest, NotFound, PayloadTooLarge, ServiceUnavailable, EngineError, UpstreamTimeout):
+def error_from_info(info: ErrorInfo, retry_after_s: float | None = None) -> LLMLabError:
+    """Rebuild an error that crossed NATS as :class:`ErrorInfo` (429s keep their Retry-After)."""
+    if info.status == 429:
+        if info.type == InsufficientQuota.type:
+            return InsufficientQuota(info.message, retry_after_s=retry_after_s, code=info.code)
+        return RateLimited(info.message, retry_after_s=retry_after_s or 1.0, code=info.code)
+    for cls in (
+        InvalidRequest,
+        AuthenticationFailed,
+        PermissionDenied,
+        NotFound,
+        PayloadTooLarge,
+        ServiceUnavailable,
+        EngineError,
+        UpstreamTimeout,
+    ):
         if cls.status == info.status:
             return cls(info.message, code=info.code)
     err = LLMLabError(info.message, code=info.code)

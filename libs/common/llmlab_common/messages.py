@@ -243,3 +243,32 @@ class RequestEvent(_RequestMsg):
     attempts: int = 0
     created_at: float
     ended_at: float
+
+
+# -- budget (request/reply between gateway and budget service) ---------------------------------
+
+
+class ReserveRequest(_RequestMsg):
+    """Authenticate a key and reserve tokens for one request, before routing.
+
+    Carries the key's SHA-256, never the key. ``reserve=False`` only authenticates (listing models)."""
+
+    key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    reserve: bool = True
+    endpoint: Endpoint = "chat"
+    model: str = ""
+    # Estimated prompt tokens (llmlab_common.tokens), tool definitions and tool calls apart.
+    input_tokens: int = Field(default=0, ge=0)
+    tool_tokens: int = Field(default=0, ge=0)
+    requested_max_tokens: int | None = Field(default=None, ge=1)
+    # When the gateway gives up on the request; an unsettled reservation is reaped after it.
+    deadline: float = 0.0
+
+
+class ReserveReply(_RequestMsg):
+    principal: Principal | None = None
+    error: ErrorInfo | None = None
+    retry_after_s: float | None = None
+    # The output allowance: the gateway sends this as max_tokens (clamped when the budget is short).
+    max_tokens: int | None = None
+    reserved_tokens: int = 0

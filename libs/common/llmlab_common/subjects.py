@@ -15,6 +15,9 @@ Layout (``<ns>`` is :attr:`InfraSettings.namespace`):
   - ``<ns>.evt.attempt``  one per attempt (usage, timings, outcome)
   - ``<ns>.evt.request``  one per refused or failed request
   - ``<ns>.evt.deadletter`` messages no service could parse (kept for inspection, never retried)
+* ``<ns>.budget.reserve``             request/reply gateway → budget (queue group ``budget``):
+  authenticate + reserve, before routing. Settlement reads ``<NS>_EVENTS`` through the durable
+  consumer ``budget-settle`` shared by every budget replica.
 """
 
 from __future__ import annotations
@@ -102,6 +105,14 @@ class Topology:
     @property
     def dead_letter_subject(self) -> str:
         return f"{self.namespace}.evt.deadletter"
+
+    # -- budget ------------------------------------------------------------------------------
+    @property
+    def budget_reserve_subject(self) -> str:
+        return f"{self.namespace}.budget.reserve"
+
+    BUDGET_QUEUE_GROUP = "budget"
+    BUDGET_SETTLE_CONSUMER = "budget-settle"
 
 
 def attempt_event_msg_id(request_id: str, attempt: int, source: str) -> str:

@@ -119,6 +119,7 @@ class Stack:
 
     namespace: str
     nats_url: str = os.environ.get("LLMLAB_NATS_URL", "nats://127.0.0.1:4222")
+    redis_url: str = os.environ.get("LLMLAB_REDIS_URL", "redis://127.0.0.1:6379/0")
     procs: list[ManagedProcess] = field(default_factory=list)
     python: str = sys.executable
 
@@ -126,6 +127,7 @@ class Stack:
         return {
             "LLMLAB_NAMESPACE": self.namespace,
             "LLMLAB_NATS_URL": self.nats_url,
+            "LLMLAB_REDIS_URL": self.redis_url,
             "LLMLAB_ENV": "test",
             "LLMLAB_LOG_JSON": "true",
         }
@@ -212,17 +214,30 @@ class Stack:
         return self._launch(f"worker-{engine}-{pool}", f"llmlab_worker_{engine}", wenv, [], port, "/ready", wait)
 
     def gateway(
-        self, *, queue_timeout_s: float | None = None, env: dict[str, str] | None = None, wait: bool = True
+        self,
+        *,
+        queue_timeout_s: float | None = None,
+        auth: str = "static",
+        env: dict[str, str] | None = None,
+        wait: bool = True,
     ) -> ManagedProcess:
+        """A gateway; ``auth="static"`` (the dev key, no budgets) unless a test runs the budget."""
         port = free_port()
         genv = {
             "LLMLAB_GATEWAY_PORT": str(port),
+            "LLMLAB_GATEWAY_AUTH": auth,
             "LLMLAB_GATEWAY_WORKER_DISCOVERY_GRACE_S": "0.6",
             "LLMLAB_GATEWAY_DRAIN_TIMEOUT_S": "5",
             **({"LLMLAB_GATEWAY_QUEUE_TIMEOUT_S": str(queue_timeout_s)} if queue_timeout_s else {}),
             **(env or {}),
         }
         return self._launch("gateway", "llmlab_gateway", genv, [], port, "/ready", wait)
+
+    def budget(self, *, env: dict[str, str] | None = None, wait: bool = True) -> ManagedProcess:
+        """A budget service process (Redis keys under ``<namespace>:bud``; the fixture deletes them)."""
+        port = free_port()
+        benv = {"LLMLAB_BUDGET_PORT": str(port), "LLMLAB_BUDGET_DRAIN_TIMEOUT_S": "5", **(env or {})}
+        return self._launch("budget", "llmlab_budget", benv, [], port, "/ready", wait)
 
     def close(self) -> None:
         for p in reversed(self.procs):

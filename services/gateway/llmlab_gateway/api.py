@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from llmlab_common import openai_wire as wire
 from llmlab_common.catalog import load_catalog
-from llmlab_common.errors import EngineError, InvalidRequest, LLMLabError, ModelNotFound, NotFound, PayloadTooLarge
+from llmlab_common.errors import EngineError, InvalidRequest, LLMLabError, NotFound, PayloadTooLarge
 from llmlab_common.logging import request_id_var
 from llmlab_common.messages import Endpoint, Principal, StreamEnd, TokenChunk
 from llmlab_common.metrics import Metrics
@@ -26,11 +26,12 @@ from llmlab_common.runtime import ServiceState, ops_router
 from llmlab_common.subjects import Topology
 from pydantic import ValidationError
 
-from llmlab_gateway.auth import Authenticator, StaticKeyAuthenticator
+from llmlab_gateway.auth import AdmissionRequest, Admitter, StaticKeyAuthenticator, require_key
+from llmlab_gateway.budget_client import BudgetAdmitter
 from llmlab_gateway.dispatch import NatsDispatcher
 from llmlab_gateway.routing import StaticRouter
 from llmlab_gateway.schemas import ChatCompletionRequest, CompletionRequest
-from llmlab_gateway.service import CallContext, CompletionService, OpenedStream
+from llmlab_gateway.service import CallContext, CompletionService, OpenedStream, estimate_prompt
 from llmlab_gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -86,11 +87,10 @@ def _error_response(err: LLMLabError, request_id: str) -> JSONResponse:
     return JSONResponse(err.to_openai(), status_code=err.status, headers=headers)
 
 
-def create_app(settings: GatewaySettings, authenticator: Authenticator | None = None) -> FastAPI:
+def create_app(settings: GatewaySettings, admitter: Admitter | None = None) -> FastAPI:
     metrics = Metrics("llmlab")
     gm = GatewayMetrics(metrics)
     state = ServiceState()
-    auth = authenticator or StaticKeyAuthenticator(settings.api_key_sha256, settings.dev_plan, settings.auth_enabled)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -111,6 +111,14 @@ def create_app(settings: GatewaySettings, authenticator: Authenticator | None = 
         await dispatcher.start()
         app.state.catalog = catalog
         app.state.dispatcher = dispatcher
+        if admitter is not None:
+            app.state.admitter = admitter
+        elif settings.auth == "static":
+            app.state.admitter = StaticKeyAuthenticator(
+                settings.api_key_sha256, settings.dev_plan, settings.auth_enabled
+            )
+        else:
+            app.state.admitter = BudgetAdmitter(nc, topo, settings.budget_timeout_s)
         app.state.service = CompletionService(
             settings, catalog, StaticRouter(catalog, dispatcher.live_workers), dispatcher
         )
@@ -155,7 +163,7 @@ def create_app(settings: GatewaySettings, authenticator: Authenticator | None = 
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> JSONResponse:
-        await auth.authenticate(_bearer(request))
+        await request.app.state.admitter.authenticate(_bearer(request))
         catalog = request.app.state.catalog
         created = int(time.time())
         data = [
@@ -166,10 +174,8 @@ def create_app(settings: GatewaySettings, authenticator: Authenticator | None = 
 
     @app.get("/v1/models/{model:path}")
     async def get_model(model: str, request: Request) -> JSONResponse:
-        await auth.authenticate(_bearer(request))
-        catalog = request.app.state.catalog
-        if not catalog.resolve(model):
-            raise ModelNotFound(f"The model '{model}' does not exist.")
+        await request.app.state.admitter.authenticate(_bearer(request))
+        request.app.state.catalog.require(model)
         return JSONResponse(
             {"id": model, "object": "model", "created": int(time.time()), "owned_by": "llm-inference-lab"}
         )
@@ -191,7 +197,7 @@ def create_app(settings: GatewaySettings, authenticator: Authenticator | None = 
         principal: Principal | None = None
         model: str | None = None
         try:
-            principal = await auth.authenticate(_bearer(request))
+            api_key = require_key(_bearer(request))
             raw = await _read_body(request, settings.max_body_bytes)
             try:
                 payload = json.loads(raw)
@@ -208,7 +214,21 @@ def create_app(settings: GatewaySettings, authenticator: Authenticator | None = 
                 )
             except ValidationError as exc:
                 raise _validation_error(exc) from exc
-            ctx = CallContext(request_id, endpoint, body, principal, created_at)
+            request.app.state.catalog.require(body.model)
+            # Authenticate and reserve (budget) before routing: over-budget work never reaches a worker.
+            admission = await request.app.state.admitter.admit(
+                api_key,
+                AdmissionRequest(
+                    request_id=request_id,
+                    endpoint=endpoint,
+                    model=body.model,
+                    prompt=estimate_prompt(body),
+                    requested_max_tokens=body.requested_max_tokens(),
+                    deadline=created_at + settings.request_timeout_s,
+                ),
+            )
+            principal = admission.principal
+            ctx = CallContext(request_id, endpoint, body, principal, created_at, admission.max_tokens)
             opened = await service.open(ctx)
         except LLMLabError as err:
             if model is not None and request.app.state.catalog.resolve(model):

@@ -1,18 +1,44 @@
-"""Authentication seam. The budget issue replaces :class:`StaticKeyAuthenticator` with keys,
-plans and limits kept in Redis; the gateway only depends on :class:`Authenticator`."""
+"""Authentication and admission seam.
+
+Every request is *admitted* before routing: the key is authenticated and, with the budget
+service, tokens are reserved and ``max_tokens`` possibly clamped (:class:`Admission`). The
+gateway depends only on :class:`Admitter`; :class:`StaticKeyAuthenticator` (dev/test, no
+budgets) and :class:`llmlab_gateway.budget_client.BudgetAdmitter` implement it.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+from dataclasses import dataclass
 from typing import Protocol
 
 from llmlab_common.errors import AuthenticationFailed
-from llmlab_common.messages import Principal
+from llmlab_common.messages import Endpoint, Principal
+from llmlab_common.tokens import PromptEstimate
 
 
-class Authenticator(Protocol):
+@dataclass(frozen=True)
+class AdmissionRequest:
+    request_id: str
+    endpoint: Endpoint
+    model: str
+    prompt: PromptEstimate
+    requested_max_tokens: int | None
+    deadline: float  # Unix time the gateway gives up on the request
+
+
+@dataclass(frozen=True)
+class Admission:
+    principal: Principal
+    max_tokens: int | None = None  # the output allowance (None: no budget applies)
+    reserved_tokens: int = 0
+
+
+class Admitter(Protocol):
     async def authenticate(self, api_key: str | None) -> Principal: ...
+
+    async def admit(self, api_key: str | None, req: AdmissionRequest) -> Admission: ...
 
 
 def key_id(api_key: str) -> str:
@@ -20,8 +46,15 @@ def key_id(api_key: str) -> str:
     return "key_" + hashlib.sha256(api_key.encode()).hexdigest()[:12]
 
 
+def require_key(api_key: str | None) -> str:
+    if not api_key:
+        raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key")
+    return api_key
+
+
 class StaticKeyAuthenticator:
-    """Accepts keys whose SHA-256 is configured; keys themselves are never stored."""
+    """Dev/test only (refused with LLMLAB_ENV=prod): accepts keys whose SHA-256 is configured,
+    all on one plan, with no budgets."""
 
     def __init__(self, key_sha256: list[str], plan: str, enabled: bool = True) -> None:
         self._hashes = [h.lower() for h in key_sha256]
@@ -31,9 +64,11 @@ class StaticKeyAuthenticator:
     async def authenticate(self, api_key: str | None) -> Principal:
         if not self._enabled:
             return Principal(plan=self._plan, key_id="anonymous")
-        if not api_key:
-            raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key")
+        api_key = require_key(api_key)
         digest = hashlib.sha256(api_key.encode()).hexdigest()
         if not any(hmac.compare_digest(digest, h) for h in self._hashes):
             raise AuthenticationFailed("Incorrect API key provided.")
         return Principal(key_id=key_id(api_key), plan=self._plan)
+
+    async def admit(self, api_key: str | None, req: AdmissionRequest) -> Admission:
+        return Admission(await self.authenticate(api_key))

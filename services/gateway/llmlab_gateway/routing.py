@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from llmlab_common.catalog import Catalog, Deployment
-from llmlab_common.errors import ModelNotFound
 
 
 @dataclass(frozen=True)
@@ -29,11 +28,7 @@ class StaticRouter:
         self.live_workers = live_workers
 
     def route(self, model: str) -> list[RouteDecision]:
-        deployments = self.catalog.resolve(model)
-        if not deployments:
-            raise ModelNotFound(
-                f"The model '{model}' does not exist. Available: {', '.join(self.catalog.public_models())}."
-            )
+        deployments = self.catalog.require(model)
         live = [d for d in deployments if self.live_workers(d.pool) > 0]
         # Deployments with live workers first; the rest stay so a 503 can name the pool.
         ordered = live + [d for d in deployments if d not in live]

@@ -32,7 +32,10 @@ from llmlab_common.messages import (
     StreamError,
     StreamStarted,
     TokenChunk,
+    Usage,
 )
+from llmlab_common.tokens import PromptEstimate, estimate_chat
+from llmlab_common.tokens import estimate_prompt as estimate_completion_prompt
 
 from llmlab_gateway.routing import RouteDecision, Router
 from llmlab_gateway.schemas import ChatCompletionRequest, CompletionRequest
@@ -89,6 +92,13 @@ class Dispatcher(Protocol):
     def record_request(self, event: RequestEvent) -> None: ...
 
 
+def estimate_prompt(body: ChatCompletionRequest | CompletionRequest) -> PromptEstimate:
+    """Prompt tokens for the budget reservation (system prompt included, tools apart)."""
+    if isinstance(body, ChatCompletionRequest):
+        return estimate_chat([m.model_dump(exclude_none=True) for m in body.messages], body.tools)
+    return estimate_completion_prompt(body.prompt_text())
+
+
 @dataclass
 class CallContext:
     request_id: str
@@ -96,6 +106,8 @@ class CallContext:
     body: ChatCompletionRequest | CompletionRequest
     principal: Principal
     created_at: float = field(default_factory=time.time)
+    # The budget's output allowance: sent to the engine as max_tokens when set.
+    max_tokens: int | None = None
 
 
 @dataclass
@@ -110,6 +122,7 @@ class OpenedStream:
     finished: bool = False
     end: StreamEnd | None = None
     attempts: int = 1
+    delivered_tokens: int = 0  # tokens handed to the transport (what a cancelled request pays)
 
     async def __aiter__(self) -> AsyncIterator[TokenChunk | StreamEnd]:
         async for batch in self.batches():
@@ -124,6 +137,7 @@ class OpenedStream:
             batch: list[TokenChunk | StreamEnd] = []
             while msg is not None:
                 if isinstance(msg, TokenChunk):
+                    self.delivered_tokens += len(msg.token_times) or (1 if msg.text or msg.tool_calls else 0)
                     batch.append(msg)
                 elif isinstance(msg, StreamEnd):
                     self.finished = True
@@ -173,6 +187,8 @@ class CompletionService:
         return slo.queue_timeout_s if slo else 10.0
 
     def _max_tokens(self, ctx: CallContext, dep: Deployment) -> int:
+        if ctx.max_tokens is not None:
+            return ctx.max_tokens
         requested = ctx.body.requested_max_tokens()
         if requested is not None:
             return requested
@@ -327,9 +343,32 @@ class CompletionService:
         )
 
     def close(self, opened: OpenedStream | None, ctx: CallContext, client_gone: bool) -> None:
-        """Always called when the HTTP exchange ends: cancels unfinished work, frees routing state."""
+        """Always called when the HTTP exchange ends: cancels unfinished work, frees routing state.
+
+        A client that went away mid-answer is recorded as the answering attempt's cancellation,
+        with the tokens delivered so far: the budget charges the request by that event."""
         if opened is not None and not opened.finished:
-            self.dispatcher.cancel(ctx.request_id, None, "client_disconnected" if client_gone else "gateway_abort")
+            reason = "client_disconnected" if client_gone else "gateway_abort"
+            self.dispatcher.cancel(ctx.request_id, None, reason)
+            if client_gone:
+                self.dispatcher.record_attempt(
+                    AttemptEvent(
+                        request_id=ctx.request_id,
+                        attempt=opened.handle.attempt,
+                        outcome="cancelled",
+                        source="gateway",
+                        pool=opened.deployment.pool,
+                        deployment=opened.deployment.id,
+                        model=opened.deployment.model,
+                        endpoint=ctx.endpoint,
+                        principal=ctx.principal,
+                        finish_reason="cancelled",
+                        usage=Usage(completion_tokens=opened.delivered_tokens, total_tokens=opened.delivered_tokens),
+                        error=ErrorInfo(status=499, type="client", code=reason, message="client went away"),
+                        created_at=ctx.created_at,
+                        ended_at=time.time(),
+                    )
+                )
         self.dispatcher.release(ctx.request_id)
 
     def record_failure(

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from typing import Literal
 
 from llmlab_common.settings import ServiceSettings
 from pydantic import Field, model_validator
@@ -18,7 +19,10 @@ class GatewaySettings(ServiceSettings):
 
     port: int = 8080
     gateway_id: str = Field(default_factory=lambda: f"gw-{secrets.token_hex(4)}")
-    # Stub authentication until the budget service owns keys: SHA-256 hashes of accepted keys.
+    # "budget": keys, limits and reservations from the budget service (NATS request/reply).
+    # "static": dev/test only, no budgets: SHA-256 hashes of accepted keys, all on dev_plan.
+    auth: Literal["budget", "static"] = "budget"
+    budget_timeout_s: float = Field(default=2.0, gt=0)
     api_key_sha256: list[str] = Field(default_factory=lambda: [DEV_API_KEY_SHA256])
     auth_enabled: bool = True
     dev_plan: str = "pro"  # plan given to keys of the stub authenticator
@@ -37,6 +41,8 @@ class GatewaySettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _no_dev_key_in_prod(self) -> GatewaySettings:
+        if self.infra.env == "prod" and self.auth == "static":
+            raise ValueError("LLMLAB_GATEWAY_AUTH=static has no budgets; it is refused with LLMLAB_ENV=prod")
         if self.infra.env == "prod" and DEV_API_KEY_SHA256 in self.api_key_sha256:
             raise ValueError("the dev API key is accepted; set LLMLAB_GATEWAY_API_KEY_SHA256 for LLMLAB_ENV=prod")
         return self

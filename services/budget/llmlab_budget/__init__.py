@@ -1,0 +1,1 @@
+"""Budget service: identities and API keys, limits, atomic reserve → settle in Redis."""

@@ -1,0 +1,160 @@
+"""Redis adapter for the ledgers: one Lua call per reserve, settle or reap (``lua/``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Literal
+
+from llmlab_common.catalog import LimitSet, PlanBudget, ScopeName
+from redis.asyncio import Redis
+
+from llmlab_budget.layout import Layout
+from llmlab_budget.model import Identity
+from llmlab_budget.windows import Windows
+
+DAY_TTL_S = 40 * 86400
+MONTH_TTL_S = 400 * 86400
+MINUTE_TTL_S = 180
+
+
+def _lua(name: str) -> str:
+    return resources.files("llmlab_budget").joinpath("lua", name).read_text()
+
+
+def _limit(v: int | None) -> int:
+    return -1 if v is None else v
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What the reserve script answered. ``status`` ``ok``/``dup`` carry the allowance; any other
+    status is a refusal: ``reason`` in input_cap, concurrency, rpm, tpm, quota, revoked,
+    unknown_key; ``scope`` and ``limit`` say which limit; ``window`` (daily/monthly) for quota."""
+
+    status: str
+    output_tokens: int = 0
+    reserved_tokens: int = 0
+    scope: str = ""
+    limit: int = 0
+    window: str = ""
+    available: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("ok", "dup")
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """What settling or releasing a reservation did: ``ok`` (closed now), ``dup`` (was already
+    closed: nothing changed) or ``missing`` (no such reservation)."""
+
+    status: str
+    charged: int = 0
+    reserved: int = 0
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class Ledger:
+    def __init__(self, redis: Redis, layout: Layout, settled_ttl_s: int) -> None:
+        self.redis = redis
+        self.layout = layout
+        self.settled_ttl_s = settled_ttl_s
+        common = _lua("common.lua")
+        self._reserve = redis.register_script(_lua("reserve.lua"))
+        self._settle = redis.register_script(common + "\n" + _lua("settle.lua"))
+        self._reap = redis.register_script(common + "\n" + _lua("reap.lua"))
+
+    async def reserve(
+        self,
+        request_id: str,
+        identity: Identity,
+        limits: dict[ScopeName, LimitSet],
+        policy: PlanBudget,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        tools_exempt: int,
+        now: float,
+        windows: Windows,
+        expires_at: float,
+    ) -> Reservation:
+        argv: list[Any] = [
+            request_id,
+            repr(now),
+            repr(expires_at),
+            windows.day,
+            windows.month,
+            windows.minute,
+            input_tokens,
+            output_tokens,
+            policy.reserve_tokens,
+            policy.min_output_tokens,
+            policy.on_short,
+            tools_exempt,
+            DAY_TTL_S,
+            MONTH_TTL_S,
+            MINUTE_TTL_S,
+            max(60, math.ceil(expires_at - now)) + self.settled_ttl_s,
+        ]
+        for scope, scope_id in identity.scopes():
+            lim = limits[scope]
+            argv += [
+                self.layout.usage(scope, scope_id),
+                _limit(lim.daily_tokens),
+                _limit(lim.monthly_tokens),
+                _limit(lim.max_input_tokens),
+                _limit(lim.max_output_tokens),
+                _limit(lim.rpm),
+                _limit(lim.tpm),
+                _limit(lim.max_concurrent),
+                scope,
+            ]
+        keys = [
+            self.layout.reservation(request_id),
+            self.layout.reservation_expiry,
+            self.layout.key(identity.key_id),
+        ]
+        r = await self._reserve(keys=keys, args=argv)
+        status = _s(r[0])
+        if status in ("ok", "dup"):
+            return Reservation(status, int(r[1]), int(r[2]))
+        detail = _s(r[3]) if len(r) > 3 else ""
+        window, _, available = detail.partition(":")
+        return Reservation(
+            status, scope=_s(r[1]), limit=int(r[2]), window=window, available=int(available) if available else 0
+        )
+
+    async def close(
+        self,
+        request_id: str,
+        state: Literal["settled", "released"],
+        *,
+        input_tokens: int = -1,
+        output_tokens: int = 0,
+        now: float,
+    ) -> Closed:
+        """Settle (charge the given tokens, -1 input = the reserved estimate) or release (charge
+        nothing). Idempotent: only the first close of a reservation changes anything."""
+        r = await self._settle(
+            keys=[self.layout.reservation(request_id), self.layout.reservation_expiry],
+            args=[request_id, state, input_tokens, output_tokens, repr(now), self.settled_ttl_s],
+        )
+        return Closed(_s(r[0]), int(r[1]), int(r[2]))
+
+    async def reap(self, now: float, limit: int = 500) -> list[str]:
+        """Release reservations past their expiry; returns their request ids."""
+        ids = await self._reap(
+            keys=[self.layout.reservation_expiry],
+            args=[repr(now), limit, self.layout.reservation(""), self.settled_ttl_s],
+        )
+        return [_s(i) for i in ids]
+
+    async def reservation(self, request_id: str) -> dict[str, str]:
+        raw = await self.redis.hgetall(self.layout.reservation(request_id))
+        return {_s(k): _s(v) for k, v in raw.items()}

@@ -1,0 +1,246 @@
+"""Budget domain logic: authenticate and reserve, settle by the charging rule, reap.
+
+Imports neither NATS nor FastAPI; Redis is behind :class:`Ledger` and :class:`DirectoryPort`.
+
+Charging rule (README): a request pays once, for the attempt that answered (its input and
+output tokens as the engine counted them); failed attempts (retries, fallbacks) are not charged;
+a request the client cancels pays its (estimated) input plus the tokens delivered; a request that
+fails entirely pays nothing. Every attempt reuses the one reservation of its request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+from zoneinfo import ZoneInfo
+
+from llmlab_common.catalog import Catalog, LimitSet, PlanBudget, ScopeName
+from llmlab_common.errors import (
+    AuthenticationFailed,
+    InsufficientQuota,
+    InvalidRequest,
+    LLMLabError,
+    RateLimited,
+)
+from llmlab_common.messages import AttemptEvent, RequestEvent, ReserveReply, ReserveRequest
+
+from llmlab_budget.ledger import Closed, Ledger, Reservation
+from llmlab_budget.metrics import BudgetMetrics
+from llmlab_budget.model import Identity, effective_limits
+from llmlab_budget.settings import BudgetSettings
+from llmlab_budget.windows import Windows
+
+log = logging.getLogger(__name__)
+
+
+class DirectoryPort(Protocol):
+    async def identity_for_key_hash(self, sha256: str) -> Identity | None: ...
+
+    async def overrides_for(self, identity: Identity) -> dict[ScopeName, LimitSet]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    identity: Identity
+    limits: dict[ScopeName, LimitSet]
+    policy: PlanBudget
+    default_max_tokens: int
+    expires: float
+
+
+class BudgetService:
+    def __init__(
+        self,
+        settings: BudgetSettings,
+        catalog: Catalog,
+        directory: DirectoryPort,
+        ledger: Ledger,
+        metrics: BudgetMetrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.directory = directory
+        self.ledger = ledger
+        self.m = metrics
+        self.clock = clock
+        self.tz = ZoneInfo(settings.timezone)
+        self._cache: dict[str, Resolved] = {}
+
+    # -- authentication ------------------------------------------------------------------------
+    async def resolve(self, key_sha256: str) -> Resolved | None:
+        """Identity and effective limits of a key, cached ``identity_cache_ttl_s`` (the bound on
+        how long a limit change takes to apply). Unknown keys are not cached: a new key works
+        at once."""
+        now = time.monotonic()
+        hit = self._cache.get(key_sha256)
+        if hit is not None and hit.expires > now:
+            return hit
+        identity = await self.directory.identity_for_key_hash(key_sha256)
+        if identity is None:
+            self._cache.pop(key_sha256, None)
+            return None
+        plan = self.catalog.plans.get(identity.plan)
+        if plan is None:
+            log.error("key %s is on unknown plan %r", identity.key_id, identity.plan)
+            return None
+        overrides = await self.directory.overrides_for(identity)
+        resolved = Resolved(
+            identity,
+            effective_limits(plan.budget, overrides),
+            plan.budget,
+            plan.default_max_tokens,
+            now + self.settings.identity_cache_ttl_s,
+        )
+        if len(self._cache) > 100_000:
+            self._cache.clear()  # crude bound: the cache is an optimisation, not state
+        self._cache[key_sha256] = resolved
+        return resolved
+
+    # -- reserve -------------------------------------------------------------------------------
+    async def reserve(self, req: ReserveRequest) -> ReserveReply:
+        t0 = time.perf_counter()
+        try:
+            return await self._reserve(req)
+        except LLMLabError as err:
+            self.m.refusals.labels(err.code or err.type).inc()
+            return ReserveReply(
+                request_id=req.request_id,
+                error=err.to_info(),
+                retry_after_s=getattr(err, "retry_after_s", None),
+            )
+        finally:
+            self.m.reserve_seconds.observe(time.perf_counter() - t0)
+
+    async def _reserve(self, req: ReserveRequest) -> ReserveReply:
+        resolved = await self.resolve(req.key_sha256)
+        if resolved is None:
+            raise AuthenticationFailed("Incorrect API key provided.")
+        ident = resolved.identity
+        if not req.reserve:
+            if ident.revoked:
+                raise AuthenticationFailed("This API key has been revoked.", code="api_key_revoked")
+            return ReserveReply(request_id=req.request_id, principal=ident.principal())
+        policy = resolved.policy
+        input_tokens = req.input_tokens + req.tool_tokens
+        want = req.requested_max_tokens or resolved.default_max_tokens
+        now = self.clock()
+        windows = Windows.at(now, self.tz)
+        r = await self.ledger.reserve(
+            req.request_id,
+            ident,
+            resolved.limits,
+            policy,
+            input_tokens=input_tokens,
+            output_tokens=want,
+            tools_exempt=0 if policy.count_tools else req.tool_tokens,
+            now=now,
+            windows=windows,
+            expires_at=max(req.deadline, now) + self.settings.reservation_grace_s,
+        )
+        if not r.ok:
+            raise self._refusal(r, input_tokens, want, windows, now)
+        if r.status == "ok":
+            self.m.reservations.inc()
+            self.m.reserved_tokens.inc(r.reserved_tokens)
+        if r.output_tokens < want:
+            log.info("max_tokens clamped from %d to %d by the budget", want, r.output_tokens)
+        return ReserveReply(
+            request_id=req.request_id,
+            principal=ident.principal(),
+            max_tokens=r.output_tokens,
+            reserved_tokens=r.reserved_tokens,
+        )
+
+    @staticmethod
+    def _refusal(r: Reservation, input_tokens: int, want: int, w: Windows, now: float) -> LLMLabError:
+        who = f"{r.scope} limit" if r.scope else "limit"
+        if r.status == "unknown_key":
+            return AuthenticationFailed("Incorrect API key provided.")
+        if r.status == "revoked":
+            return AuthenticationFailed("This API key has been revoked.", code="api_key_revoked")
+        if r.status == "input_cap":
+            return InvalidRequest(
+                f"The prompt is about {input_tokens} tokens; the {who} allows {r.limit} input tokens per request.",
+                code="input_tokens_exceeded",
+                param="messages",
+            )
+        if r.status == "concurrency":
+            return RateLimited(
+                f"Too many requests in flight: the {who} allows {r.limit} at once.",
+                retry_after_s=1,
+                code="concurrency_limit_exceeded",
+            )
+        if r.status == "rpm":
+            return RateLimited(
+                f"Rate limit reached: the {who} allows {r.limit} requests per minute.",
+                retry_after_s=w.minute_ends_at - now,
+            )
+        if r.status == "tpm":
+            return RateLimited(
+                f"Rate limit reached: the {who} allows {r.limit} tokens per minute; "
+                f"{r.available} output tokens are left this minute for a {input_tokens}-token prompt.",
+                retry_after_s=w.minute_ends_at - now,
+                code="tokens_per_minute_exceeded",
+            )
+        ends = w.day_ends_at if r.window == "daily" else w.month_ends_at
+        return InsufficientQuota(
+            f"You exceeded your {r.window} token budget ({who}: {r.limit} tokens): "
+            f"{r.available} output tokens are left for a {input_tokens}-token prompt "
+            f"(requested max_tokens {want}).",
+            retry_after_s=ends - now,
+        )
+
+    # -- settle --------------------------------------------------------------------------------
+    async def settle_attempt(self, ev: AttemptEvent) -> Closed | None:
+        """Apply the charging rule to one attempt's event; None when it does not end the request."""
+        if ev.outcome == "completed" and ev.usage is not None:
+            inp = ev.usage.prompt_tokens if ev.usage.prompt_tokens > 0 else -1
+            return await self._close(ev.request_id, "settled", inp, ev.usage.completion_tokens, ev.ended_at)
+        if (
+            ev.outcome == "cancelled"
+            and ev.source == "gateway"
+            and ev.error is not None
+            and ev.error.code == "client_disconnected"
+        ):
+            delivered = ev.usage.completion_tokens if ev.usage else 0
+            return await self._close(ev.request_id, "settled", -1, delivered, ev.ended_at)
+        return None  # a failed attempt (retry, fallback): our cost, not the user's
+
+    async def settle_request(self, ev: RequestEvent) -> Closed:
+        """A request that was refused or failed as a whole pays nothing."""
+        return await self._close(ev.request_id, "released", 0, 0, ev.ended_at)
+
+    async def _close(self, request_id: str, state: str, inp: int, out: int, ended_at: float) -> Closed:
+        now = self.clock()
+        closed = await self.ledger.close(
+            request_id,
+            "settled" if state == "settled" else "released",
+            input_tokens=inp,
+            output_tokens=out,
+            now=now,
+        )
+        self.m.settlements.labels(closed.status if closed.status != "ok" else state).inc()
+        if closed.status == "ok":
+            self.m.settle_lag.observe(max(0.0, time.time() - ended_at))
+            self.m.charged_tokens.inc(closed.charged)
+            if closed.reserved > 0 and state == "settled":
+                self.m.reserved_vs_actual.observe(closed.charged / closed.reserved)
+                if closed.charged > closed.reserved:
+                    self.m.underreserved_tokens.inc(closed.charged - closed.reserved)
+        return closed
+
+    async def reap(self) -> list[str]:
+        released: list[str] = []
+        while True:
+            ids = await self.ledger.reap(self.clock())
+            released += ids
+            if len(ids) < 500:
+                break
+        if released:
+            self.m.reaped.inc(len(released))
+            log.warning("released %d expired reservations (requests that never settled)", len(released))
+        return released

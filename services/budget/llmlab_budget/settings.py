@@ -1,0 +1,42 @@
+"""Settings of the budget service, env prefix ``LLMLAB_BUDGET_``."""
+
+from __future__ import annotations
+
+import hashlib
+
+from llmlab_common.settings import ServiceSettings
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+DEV_ADMIN_KEY = "sk-admin-dev"  # documented dev admin key; refused when LLMLAB_ENV=prod
+DEV_ADMIN_KEY_SHA256 = hashlib.sha256(DEV_ADMIN_KEY.encode()).hexdigest()
+
+
+class BudgetSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="LLMLAB_BUDGET_", extra="ignore")
+
+    port: int = 8090
+    # SHA-256 of the root admin key (sees every tenant). Tenant admin keys live in Redis.
+    admin_key_sha256: str = DEV_ADMIN_KEY_SHA256
+    # Daily/monthly windows roll over at midnight in this IANA time zone.
+    timezone: str = "UTC"
+    # Identities and limits are cached this long per key hash: limit changes take effect within
+    # this bound. Revocation does not wait for it (the reserve script checks it atomically).
+    identity_cache_ttl_s: float = Field(default=2.0, ge=0)
+    # A reservation whose request never settles is released this long after the request's
+    # deadline (the gateway's request_timeout_s) by the reaper.
+    reservation_grace_s: float = Field(default=30.0, ge=0)
+    reaper_interval_s: float = Field(default=5.0, gt=0)
+    # Redis connections per process (a blocking pool: callers wait for a free one).
+    redis_pool_size: int = Field(default=32, ge=1)
+    # Settlement: JetStream pull batch and ack wait.
+    settle_batch: int = Field(default=256, ge=1)
+    settle_ack_wait_s: float = Field(default=30.0, gt=0)
+    settle_max_deliver: int = Field(default=10, ge=1)
+    # Reservations keep their idempotence record this long after settling.
+    settled_ttl_s: int = Field(default=2 * 86400, ge=60)
+
+    @model_validator(mode="after")
+    def _no_dev_admin_key_in_prod(self) -> BudgetSettings:
+        self.refuse_default_secret("LLMLAB_BUDGET_ADMIN_KEY_SHA256", self.admin_key_sha256, DEV_ADMIN_KEY_SHA256)
+        return self

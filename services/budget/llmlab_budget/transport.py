@@ -1,0 +1,148 @@
+"""NATS side of the budget service: the reserve responder (queue group shared by replicas), the
+settlement consumer (one durable consumer shared by replicas) and the reaper loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from llmlab_common.errors import ServiceUnavailable
+from llmlab_common.messages import AttemptEvent, ErrorInfo, RequestEvent, ReserveReply, ReserveRequest
+from llmlab_common.subjects import Topology
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from pydantic import ValidationError
+
+from llmlab_budget.service import BudgetService
+from llmlab_budget.settings import BudgetSettings
+
+log = logging.getLogger(__name__)
+
+
+class BudgetTransport:
+    def __init__(
+        self, nc: NATS, js: JetStreamContext, topo: Topology, service: BudgetService, settings: BudgetSettings
+    ) -> None:
+        self.nc, self.js, self.topo = nc, js, topo
+        self.service = service
+        self.settings = settings
+        self._reserve_sub: Subscription | None = None
+        self._pull: JetStreamContext.PullSubscription | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    async def start(self) -> None:
+        # Settlement first: events of requests reserved from now on must find the consumer there.
+        s = self.settings
+        pull = self._pull = await self.js.pull_subscribe(
+            self.topo.events_wildcard,
+            durable=self.topo.BUDGET_SETTLE_CONSUMER,
+            stream=self.topo.events_stream,
+            config=ConsumerConfig(
+                ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=s.settle_ack_wait_s,
+                max_deliver=s.settle_max_deliver,
+                # A new consumer starts at the present: no reservation can predate it.
+                deliver_policy=DeliverPolicy.NEW,
+                max_ack_pending=-1,
+            ),
+        )
+        self._tasks.append(asyncio.create_task(self._settle_loop(pull), name="budget-settle"))
+        self._tasks.append(asyncio.create_task(self._reap_loop(), name="budget-reaper"))
+        self._reserve_sub = await self.nc.subscribe(
+            self.topo.budget_reserve_subject, queue=self.topo.BUDGET_QUEUE_GROUP, cb=self._on_reserve
+        )
+
+    async def stop(self) -> None:
+        """Stop taking reserves, finish the ones in flight, then stop settling."""
+        self._stopping = True
+        if self._reserve_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._reserve_sub.unsubscribe()
+        if self._inflight:
+            await asyncio.wait(self._inflight, timeout=5)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        if self._pull is not None:
+            # Unsubscribe the pull inbox ourselves: draining the connection with a JetStream
+            # pull subscription still open can wait forever.
+            with contextlib.suppress(Exception):
+                await self._pull.unsubscribe()
+
+    # -- reserve -------------------------------------------------------------------------------
+    async def _on_reserve(self, msg: Msg) -> None:
+        # nats-py runs a subscription's callbacks one at a time: hand each request to its own
+        # task so reserves overlap (the Redis pool bounds the concurrency).
+        task = asyncio.create_task(self._reserve(msg))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _reserve(self, msg: Msg) -> None:
+        try:
+            req = ReserveRequest.model_validate_json(msg.data)
+        except ValidationError as exc:
+            reply = ReserveReply(
+                request_id="",
+                error=ErrorInfo(status=400, type="invalid_request_error", code="bad_reserve", message=str(exc)[:300]),
+            )
+        else:
+            try:
+                reply = await self.service.reserve(req)
+            except Exception:
+                log.exception("reserve failed")
+                err = ServiceUnavailable("The budget service cannot reach its store.", code="budget_unavailable")
+                reply = ReserveReply(request_id=req.request_id, error=err.to_info())
+        with contextlib.suppress(Exception):
+            await msg.respond(reply.model_dump_json(exclude_none=True).encode())
+
+    # -- settle --------------------------------------------------------------------------------
+    async def _settle_loop(self, pull: JetStreamContext.PullSubscription) -> None:
+        while not self._stopping:
+            try:
+                msgs = await pull.fetch(self.settings.settle_batch, timeout=0.5)
+            except TimeoutError:
+                continue
+            except Exception as exc:
+                log.warning("settlement fetch failed: %s", exc)
+                await asyncio.sleep(1)
+                continue
+            await asyncio.gather(*(self._settle(m) for m in msgs))
+
+    async def _settle(self, msg: Msg) -> None:
+        subject = msg.subject
+        try:
+            if subject == self.topo.attempt_event_subject:
+                await self.service.settle_attempt(AttemptEvent.model_validate_json(msg.data))
+            elif subject == self.topo.request_event_subject:
+                await self.service.settle_request(RequestEvent.model_validate_json(msg.data))
+        except ValidationError as exc:
+            # Not ours to retry: keep it for inspection. The reaper releases its reservation.
+            log.error("malformed event on %s dead-lettered: %s", subject, str(exc)[:300])
+            with contextlib.suppress(Exception):
+                await self.js.publish(
+                    self.topo.dead_letter_subject, msg.data, headers={"Llmlab-Reason": str(exc)[:200]}
+                )
+        except Exception:
+            self.service.m.settle_errors.inc()
+            log.exception("settlement failed; event will be redelivered")
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=1.0)
+            return
+        with contextlib.suppress(Exception):
+            await msg.ack()
+
+    async def _reap_loop(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(self.settings.reaper_interval_s)
+            try:
+                await self.service.reap()
+            except Exception:
+                log.exception("reaper failed")

@@ -1,0 +1,60 @@
+"""Admission through the budget service: one NATS request/reply per request (authenticate and
+reserve in one atomic step there). Fails closed: no budget service, no admission (503)."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from llmlab_common.errors import LLMLabError, ServiceUnavailable, error_from_info
+from llmlab_common.messages import Principal, ReserveReply, ReserveRequest
+from llmlab_common.subjects import Topology
+from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from llmlab_gateway.auth import Admission, AdmissionRequest, require_key
+
+
+class BudgetAdmitter:
+    def __init__(self, nc: NATS, topo: Topology, timeout_s: float) -> None:
+        self.nc = nc
+        self.subject = topo.budget_reserve_subject
+        self.timeout_s = timeout_s
+
+    async def authenticate(self, api_key: str | None) -> Principal:
+        sha = hashlib.sha256(require_key(api_key).encode()).hexdigest()
+        reply = await self._call(ReserveRequest(request_id=secrets.token_hex(12), key_sha256=sha, reserve=False))
+        assert reply.principal is not None
+        return reply.principal
+
+    async def admit(self, api_key: str | None, req: AdmissionRequest) -> Admission:
+        sha = hashlib.sha256(require_key(api_key).encode()).hexdigest()
+        reply = await self._call(
+            ReserveRequest(
+                request_id=req.request_id,
+                key_sha256=sha,
+                endpoint=req.endpoint,
+                model=req.model,
+                input_tokens=req.prompt.text_tokens,
+                tool_tokens=req.prompt.tool_tokens,
+                requested_max_tokens=req.requested_max_tokens,
+                deadline=req.deadline,
+            )
+        )
+        assert reply.principal is not None
+        return Admission(reply.principal, reply.max_tokens, reply.reserved_tokens)
+
+    async def _call(self, req: ReserveRequest) -> ReserveReply:
+        try:
+            msg = await self.nc.request(self.subject, req.model_dump_json().encode(), timeout=self.timeout_s)
+        except NoRespondersError as exc:
+            raise ServiceUnavailable("The budget service is not running.", code="budget_unavailable") from exc
+        except (NatsTimeout, TimeoutError) as exc:
+            raise ServiceUnavailable("The budget service did not answer in time.", code="budget_unavailable") from exc
+        reply = ReserveReply.model_validate_json(msg.data)
+        if reply.error is not None:
+            raise error_from_info(reply.error, reply.retry_after_s)
+        if reply.principal is None:
+            raise LLMLabError("budget service answered without a principal")
+        return reply
