@@ -32,7 +32,16 @@ from bench_meta import metadata_block  # noqa: E402
 from llmlab_common.metrics import parse_prometheus_text  # noqa: E402
 
 log = logging.getLogger("demo")
-KEY = "sk-llmlab-dev"
+RUN_DIR = Path(os.environ.get("LLMLAB_RUN_DIR", REPO / ".run"))
+
+
+def api_key(name: str = "api-key") -> str:
+    """A demo tenant's key, written by scripts/stack.sh (llmlab_budget.bootstrap)."""
+    if name == "api-key" and os.environ.get("LLMLAB_API_KEY"):
+        return os.environ["LLMLAB_API_KEY"]
+    return (RUN_DIR / name).read_text().strip()
+
+
 LOAD = [  # model, concurrent streams, requests per stream, max_tokens
     ("meta-llama/Llama-3.1-8B-Instruct", 150, 2, 64),
     ("Qwen/Qwen3-32B", 50, 2, 64),
@@ -49,7 +58,7 @@ def say(text: str = "") -> None:
 
 
 def sdk_tour(base: str) -> None:
-    client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
+    client = openai.OpenAI(base_url=base + "/v1", api_key=api_key(), max_retries=0)
     say("== 1. the openai SDK against the gateway")
     say("models: " + ", ".join(m.id for m in client.models.list().data))
     t0 = time.monotonic()
@@ -97,6 +106,16 @@ def sdk_tour(base: str) -> None:
             lambda: client.chat.completions.create(model="cheap", messages=[{"role": "user", "content": "x"}]),
         ),
         ("n=2", lambda: client.chat.completions.create(model="auto", n=2, messages=[{"role": "user", "content": "x"}])),
+        (
+            "wrong API key",
+            lambda: client.with_options(api_key="sk-llm-not-a-real-key").models.list(),
+        ),
+        (
+            "over budget (a key with 100 tokens a day; refused before any worker sees it)",
+            lambda: client.with_options(api_key=api_key("api-key-tiny")).chat.completions.create(
+                model="auto", messages=[{"role": "user", "content": "Tell me everything."}], max_tokens=500
+            ),
+        ),
     ):
         try:
             call()
@@ -147,7 +166,7 @@ def load_run(base: str, out_dir: Path, stamp: str) -> list[dict[str, Any]]:
             "--model",
             model,
             "--api-key",
-            KEY,
+            api_key(),
             "--concurrency",
             str(conc),
             "--requests-per-stream",
@@ -301,7 +320,7 @@ def main() -> int:
     md = report(results, phases, args.out, stamp, started, time.monotonic() - t0)
     say(f"\n== 3. report: {md} (+ .json, .png)")
     say(md.read_text().split("## Metadata")[0])
-    say(f"The stack is still up: point any OpenAI client at {args.gateway}/v1 (key sk-llmlab-dev).")
+    say(f"The stack is still up: point any OpenAI client at {args.gateway}/v1 (key in {RUN_DIR / 'api-key'}).")
     say("`make down` stops it.")
     return 0 if all(r["summary"]["requests"]["failed"] == 0 for r in results) else 1
 

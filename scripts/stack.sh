@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Run the whole stack as native processes (no Docker needed): two simulated engines (vLLM and
-# SGLang flavours), one worker per engine, the gateway. `up` is idempotent; `down` drains them
+# SGLang flavours), one worker per engine, the budget service, the gateway. `up` is idempotent; `down` drains them
 # with SIGTERM. Logs and pids under .run/. Ports can be changed with the variables below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 RUN="${LLMLAB_RUN_DIR:-.run}"
 GATEWAY_PORT="${GATEWAY_PORT:-8080}"
+BUDGET_PORT="${BUDGET_PORT:-8090}"
 SIM_VLLM_PORT="${SIM_VLLM_PORT:-8001}"
 SIM_SGLANG_PORT="${SIM_SGLANG_PORT:-8002}"
 WORKER_VLLM_PORT="${WORKER_VLLM_PORT:-8091}"
@@ -49,12 +50,20 @@ up() {
   start worker-sglang "http://127.0.0.1:$WORKER_SGLANG_PORT/ready" LLMLAB_WORKER_PORT="$WORKER_SGLANG_PORT" \
     LLMLAB_WORKER_POOL=gpu-sglang LLMLAB_WORKER_ENGINE_URL="http://127.0.0.1:$SIM_SGLANG_PORT" \
     LLMLAB_WORKER_MAX_CONCURRENCY=512 -- $PY -m llmlab_worker_sglang
-  start gateway "http://127.0.0.1:$GATEWAY_PORT/ready" LLMLAB_GATEWAY_PORT="$GATEWAY_PORT" -- $PY -m llmlab_gateway
-  log "up: gateway at http://127.0.0.1:$GATEWAY_PORT/v1 (API key sk-llmlab-dev), namespace $LLMLAB_NAMESPACE"
+  start budget "http://127.0.0.1:$BUDGET_PORT/ready" LLMLAB_BUDGET_PORT="$BUDGET_PORT" -- $PY -m llmlab_budget
+  # A demo tenant and API key (kept across restarts while it still authenticates).
+  $PY -m llmlab_budget.bootstrap --tenant demo --plan enterprise --key-file "$RUN/api-key"
+  # ... and one with a 100-token daily budget, to show a refusal before any worker sees it.
+  $PY -m llmlab_budget.bootstrap --tenant demo-tiny --plan free --key-file "$RUN/api-key-tiny" \
+    --limit daily_tokens=100
+  start gateway "http://127.0.0.1:$GATEWAY_PORT/ready" LLMLAB_GATEWAY_PORT="$GATEWAY_PORT" \
+    LLMLAB_GATEWAY_AUTH=budget -- $PY -m llmlab_gateway
+  log "up: gateway at http://127.0.0.1:$GATEWAY_PORT/v1 (API key in $RUN/api-key), budget admin API at" \
+    "http://127.0.0.1:$BUDGET_PORT/admin/v1 (dev admin key sk-admin-dev), namespace $LLMLAB_NAMESPACE"
 }
 
 down() {
-  for name in gateway worker-vllm worker-sglang sim-vllm sim-sglang; do
+  for name in gateway budget worker-vllm worker-sglang sim-vllm sim-sglang; do
     if alive "$name"; then
       kill -TERM "$(cat "$RUN/$name.pid")"
       for _ in $(seq 1 100); do alive "$name" || break; sleep 0.1; done
@@ -66,7 +75,7 @@ down() {
 }
 
 status() {
-  for name in sim-vllm sim-sglang worker-vllm worker-sglang gateway; do
+  for name in sim-vllm sim-sglang worker-vllm worker-sglang budget gateway; do
     if alive "$name"; then echo "$name: running (pid $(cat "$RUN/$name.pid"))"; else echo "$name: stopped"; fi
   done
 }

@@ -26,7 +26,7 @@ def test_demo_runs_end_to_end_and_writes_its_report(tmp_path: Path) -> None:
         "LLMLAB_RUN_DIR": str(tmp_path / "run"),
         **{
             k: str(free_port())
-            for k in ("GATEWAY_PORT", "SIM_VLLM_PORT", "SIM_SGLANG_PORT", "WORKER_VLLM_PORT", "WORKER_SGLANG_PORT")
+            for k in ("GATEWAY_PORT", "BUDGET_PORT", "SIM_VLLM_PORT", "SIM_SGLANG_PORT", "WORKER_VLLM_PORT", "WORKER_SGLANG_PORT")
         },
     }
     try:
@@ -41,6 +41,7 @@ def test_demo_runs_end_to_end_and_writes_its_report(tmp_path: Path) -> None:
         )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         assert "HTTP 404" in out.stdout and "HTTP 503" in out.stdout  # the error tour
+        assert "HTTP 401" in out.stdout and "HTTP 429" in out.stdout and "insufficient_quota" in out.stdout
         reports = list((tmp_path / "results").glob("demo-*.md"))
         assert len(reports) == 1
         text = reports[0].read_text()
