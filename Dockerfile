@@ -33,7 +33,8 @@ RUN pip install \
         -e services/gateway \
         -e services/worker-vllm \
         -e services/worker-sglang \
-        -e services/engine-sim
+        -e services/engine-sim \
+        -e services/budget
 
 # Run as an unprivileged user; the services write nothing to disk (logs go to stdout).
 RUN useradd --system --uid 10001 --no-create-home --home-dir /app --shell /usr/sbin/nologin llmlab

@@ -39,8 +39,9 @@ SETTINGS_OF_MODULE = {
     "llmlab_worker_vllm": ("llmlab_worker.settings", "WorkerSettings"),
     "llmlab_worker_sglang": ("llmlab_worker.settings", "WorkerSettings"),
     "llmlab_engine_sim": ("llmlab_engine_sim.settings", "SimSettings"),
+    "llmlab_budget": ("llmlab_budget.settings", "BudgetSettings"),
 }
-EXPECTED_SERVICES = {"nats", "redis", "prometheus", "sim-vllm", "sim-sglang", "worker-vllm", "worker-sglang", "gateway"}
+EXPECTED_SERVICES = {"nats", "redis", "prometheus", "sim-vllm", "sim-sglang", "worker-vllm", "worker-sglang", "budget", "gateway"}
 GPU_SERVICES = {"vllm": "vllm/vllm-openai", "sglang": "lmsysorg/sglang"}
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
 _PROBE_URL = re.compile(r"http://127\.0\.0\.1:(\d+)(/[\w/.-]*)")
@@ -141,7 +142,7 @@ def test_compose_has_the_stack_and_the_gpu_profile() -> None:
     assert set(SERVICES) >= EXPECTED_SERVICES, EXPECTED_SERVICES - set(SERVICES)
     for name in EXPECTED_SERVICES:
         assert "profiles" not in SERVICES[name], f"{name} must start with a plain `docker compose up`"
-    assert set(OUR_SERVICES) == {"sim-vllm", "sim-sglang", "worker-vllm", "worker-sglang", "gateway"}
+    assert set(OUR_SERVICES) == {"sim-vllm", "sim-sglang", "worker-vllm", "worker-sglang", "budget", "gateway"}
     for name, image in GPU_SERVICES.items():
         svc = SERVICES[name]
         assert svc["profiles"] == ["gpu"]

@@ -15,7 +15,7 @@ DEV_ADMIN_KEY_SHA256 = hashlib.sha256(DEV_ADMIN_KEY.encode()).hexdigest()
 class BudgetSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="LLMLAB_BUDGET_", extra="ignore")
 
-    port: int = 8090
+    port: int = 8085
     # SHA-256 of the root admin key (sees every tenant). Tenant admin keys live in Redis.
     admin_key_sha256: str = DEV_ADMIN_KEY_SHA256
     # Daily/monthly windows roll over at midnight in this IANA time zone.
