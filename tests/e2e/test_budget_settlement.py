@@ -87,7 +87,8 @@ async def test_same_usage_event_three_times_is_charged_once(stack: Stack) -> Non
     assert metric(budget, "llmlab_budget_settlements_total", result="settled") == 1
     assert metric(budget, "llmlab_budget_settlements_total", result="dup") == 2
     assert metric(budget, "llmlab_budget_reservations_total") == 1
-    text = httpx.get(url(budget) + "/metrics").text
+    async with httpx.AsyncClient() as h:
+        text = (await h.get(url(budget) + "/metrics")).text
     for secret in (p.key_id, p.user_id, p.team_id, p.tenant_id, "req-dup"):
         assert secret not in text  # ids go to logs, never to metric labels
 

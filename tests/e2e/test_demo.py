@@ -26,7 +26,14 @@ def test_demo_runs_end_to_end_and_writes_its_report(tmp_path: Path) -> None:
         "LLMLAB_RUN_DIR": str(tmp_path / "run"),
         **{
             k: str(free_port())
-            for k in ("GATEWAY_PORT", "BUDGET_PORT", "SIM_VLLM_PORT", "SIM_SGLANG_PORT", "WORKER_VLLM_PORT", "WORKER_SGLANG_PORT")
+            for k in (
+                "GATEWAY_PORT",
+                "BUDGET_PORT",
+                "SIM_VLLM_PORT",
+                "SIM_SGLANG_PORT",
+                "WORKER_VLLM_PORT",
+                "WORKER_SGLANG_PORT",
+            )
         },
     }
     try:

@@ -41,7 +41,17 @@ SETTINGS_OF_MODULE = {
     "llmlab_engine_sim": ("llmlab_engine_sim.settings", "SimSettings"),
     "llmlab_budget": ("llmlab_budget.settings", "BudgetSettings"),
 }
-EXPECTED_SERVICES = {"nats", "redis", "prometheus", "sim-vllm", "sim-sglang", "worker-vllm", "worker-sglang", "budget", "gateway"}
+EXPECTED_SERVICES = {
+    "nats",
+    "redis",
+    "prometheus",
+    "sim-vllm",
+    "sim-sglang",
+    "worker-vllm",
+    "worker-sglang",
+    "budget",
+    "gateway",
+}
 GPU_SERVICES = {"vllm": "vllm/vllm-openai", "sglang": "lmsysorg/sglang"}
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
 _PROBE_URL = re.compile(r"http://127\.0\.0\.1:(\d+)(/[\w/.-]*)")
