@@ -142,4 +142,25 @@ async def test_client_cancel_pays_input_plus_delivered(stack: Stack) -> None:
     # Input estimate (11) plus what the gateway had relayed when the client left: at least the
     # 5 we read, far less than the 400 the request could have produced.
     assert 11 + 5 <= used < 11 + 100, used
-    await asyncio.sleep(0)
+
+
+async def test_request_retried_after_its_worker_died_is_charged_once(stack: Stack) -> None:
+    # A long prefill keeps attempt 1 before its first token while its worker is killed.
+    sim = stack.sim("vllm", LLAMA, ttft_ms=1500, itl_ms=20, output_len=20)
+    fast = {"LLMLAB_WORKER_ACK_WAIT_S": "2"}
+    doomed = stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, env=fast)
+    admin = BudgetAdmin(url(stack.budget()))
+    gw = stack.gateway(auth="budget")
+    p = admin.provision("pro")
+    call = asyncio.create_task(
+        client(gw, p.api_key).chat.completions.create(model=LLAMA, messages=HELLO, max_tokens=50)
+    )
+    await eventually(lambda: sim_stats(sim)["received"] == 1, what="attempt 1 on the engine")
+    doomed.kill()
+    stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, env=fast)
+    r = await asyncio.wait_for(call, 30)
+    assert r.usage is not None and r.choices[0].finish_reason == "stop"
+    await eventually(lambda: day(admin, p)["reserved"] == 0, timeout=20, what="settled")
+    # Attempt 1 generated nothing it could be charged for; the user pays attempt 2 only, once.
+    await asyncio.sleep(2)  # the redelivered attempt 1 is dropped meanwhile; it must change nothing
+    assert day(admin, p)["used"] == r.usage.total_tokens
