@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
@@ -30,6 +30,9 @@ from llmlab_engine_sim.engine import SimEngine
 from llmlab_engine_sim.protocol import ApiError, ParsedRequest
 from llmlab_engine_sim.scheduler import Clock, RequestState, SimRequest
 from llmlab_engine_sim.settings import SimSettings
+
+if TYPE_CHECKING:  # twin mode is imported only when used: the fixed mode does not depend on it
+    from llmlab_engine_sim.twin.sched import RealtimeTwinScheduler
 
 log = logging.getLogger(__name__)
 
@@ -229,6 +232,19 @@ async def _read_body(receive: Receive) -> bytes | None:
             return b"".join(chunks)
 
 
+def _install_twin(engine: SimEngine, settings: SimSettings, clock: Clock | None) -> RealtimeTwinScheduler:
+    """``--mode twin``: the engine twin's step scheduler replaces the fixed-latency one (same
+    interface), the flavour's metrics read its KV/prefix/preemption figures, and simulated
+    GPU gauges join ``/metrics``."""
+    from llmlab_engine_sim.twin.sched import TwinGpuCollector, twin_scheduler_from_settings
+
+    twin = twin_scheduler_from_settings(settings, clock=clock, observer=engine.metrics)
+    engine.scheduler = twin  # type: ignore[assignment]
+    engine.metrics.bind(twin)  # type: ignore[arg-type]
+    engine.registry.register(TwinGpuCollector(twin, settings))
+    return twin
+
+
 def create_app(settings: SimSettings | None = None, *, clock: Clock | None = None) -> SimApp:
     """The simulator app; the scheduler loop starts in the lifespan (nothing runs before)."""
     settings = settings if settings is not None else SimSettings()
@@ -253,6 +269,9 @@ def create_app(settings: SimSettings | None = None, *, clock: Clock | None = Non
     )
     app.state.service_state = state
     app.state.engine = engine
+    twin = _install_twin(engine, settings, clock) if settings.mode == "twin" else None
+    if twin is not None:
+        from llmlab_engine_sim.twin.sched import prompt_block_keys as twin_keys
 
     async def generate(endpoint: Endpoint, raw: bytes) -> Response:
         if not engine.healthy:
@@ -262,7 +281,13 @@ def create_app(settings: SimSettings | None = None, *, clock: Clock | None = Non
         except ApiError as e:
             return _error(e)
         req = engine.new_request(parsed)
-        engine.scheduler.submit(req)
+        if twin is not None:
+            bs = settings.block_size
+            twin.submit(
+                req, keys=twin_keys(parsed.prompt_key, parsed.prompt_tokens, bs) if settings.prefix_caching else ()
+            )
+        else:
+            engine.scheduler.submit(req)
         return _GenerationResponse(engine, req, parsed)
 
     async def chat_completions_raw(raw: bytes) -> Response:
@@ -312,6 +337,7 @@ def create_app(settings: SimSettings | None = None, *, clock: Clock | None = Non
             tick_ms=settings.tick_ms,
             max_num_seqs=settings.max_num_seqs,
             output_len=settings.output_len,
+            mode=settings.mode,
         )
         return JSONResponse(out)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -98,8 +98,15 @@ class EngineMetrics(SchedulerObserver):
     def collect(self) -> Iterable[Metric]:
         raise NotImplementedError
 
+    def twin(self) -> Any:
+        """The twin's step scheduler core (``--mode twin``), or None in the fixed-latency mode."""
+        return getattr(self.scheduler, "core", None)
+
     def used_tokens(self, block_size: int = 1) -> int:
         """KV-cache tokens held by running requests (prompt + generated), in whole blocks."""
+        core = self.twin()
+        if core is not None:  # twin: the paged KV cache's blocks in use
+            return int(core.kv.used_blocks * core.kv.block_size)
         total = 0
         for r in self.scheduler.running_requests():
             n = r.prompt_tokens + r.generated
@@ -189,21 +196,28 @@ class VllmMetrics(EngineMetrics):
         lb = self.labels
         yield _gauge("vllm:num_requests_running", "Number of requests in model execution batches.", lb, s.num_running)
         yield _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", lb, s.num_waiting)
-        usage = min(1.0, self.used_tokens(KV_BLOCK_SIZE) / self.settings.kv_cache_tokens)
+        core = self.twin()
+        if core is None:
+            usage = min(1.0, self.used_tokens(KV_BLOCK_SIZE) / self.settings.kv_cache_tokens)
+            queries, hits, preemptions = self.prefix_cache_queries, self.prefix_cache_hits, self.preemptions
+        else:  # twin mode: the simulated paged KV cache and prefix cache
+            usage = core.kv.usage
+            st = core.stats
+            queries, hits, preemptions = st.prefix_queries, st.prefix_hits, st.preemptions
         yield _gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", lb, usage)
         yield _counter(
             "vllm:prefix_cache_queries",
             "Prefix cache queries, in terms of number of queried tokens.",
             lb,
-            self.prefix_cache_queries,
+            queries,
         )
         yield _counter(
             "vllm:prefix_cache_hits",
             "Prefix cache hits, in terms of number of cached tokens.",
             lb,
-            self.prefix_cache_hits,
+            hits,
         )
-        yield _counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", lb, self.preemptions)
+        yield _counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", lb, preemptions)
         yield _counter("vllm:prompt_tokens", "Number of prefill tokens processed.", lb, self.prompt_tokens)
         yield _counter("vllm:generation_tokens", "Number of generation tokens processed.", lb, self.generation_tokens)
         success = CounterMetricFamily(
@@ -329,13 +343,20 @@ class SglangMetrics(EngineMetrics):
         s = self.scheduler
         sl, tl = self.scheduler_labels, self.tokenizer_labels
         used = self.used_tokens()
-        capacity = self.settings.kv_cache_tokens
+        core = self.twin()
+        capacity = self.settings.kv_cache_tokens if core is None else core.kv.total * core.kv.block_size
+        hit_rate = 0.0
+        cached = self.cached_tokens
+        if core is not None:
+            st = core.stats
+            hit_rate = st.prefix_hits / st.prefix_queries if st.prefix_queries else 0.0
+            cached = st.prefix_hits
         yield _gauge("sglang:num_running_reqs", "The number of running requests.", sl, s.num_running)
         yield _gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", sl, s.num_waiting)
         yield _gauge("sglang:num_used_tokens", "The number of used tokens.", sl, used)
         yield _gauge("sglang:token_usage", "The token usage.", sl, min(1.0, used / capacity))
         yield _gauge("sglang:gen_throughput", "The generation throughput (token/s).", sl, self.gen_throughput())
-        yield _gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", sl, 0.0)
+        yield _gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", sl, hit_rate)
         yield _gauge(
             "sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", sl, capacity
         )
@@ -344,7 +365,7 @@ class SglangMetrics(EngineMetrics):
         yield _counter(
             "sglang:generation_tokens_total", "Number of generation tokens processed.", tl, self.generation_tokens
         )
-        yield _counter("sglang:cached_tokens_total", "Number of cached prompt tokens.", tl, self.cached_tokens)
+        yield _counter("sglang:cached_tokens_total", "Number of cached prompt tokens.", tl, cached)
         yield _counter("sglang:num_requests_total", "Number of requests processed.", tl, self.num_requests)
         yield _counter("sglang:num_aborted_requests_total", "Number of requests aborted.", tl, self.num_aborted)
         yield _histogram(

@@ -36,3 +36,27 @@ class SimSettings(ServiceSettings):
     kv_cache_tokens: int = Field(default=262144, ge=1)
     # Seed of the generated text (with the prompt and the request's own ``seed``).
     seed: int = 0
+
+    # -- timing model -----------------------------------------------------------------------------
+    # "fixed": the constant TTFT/ITL model above (the default). "twin": the engine twin's step
+    # scheduler (chunked prefill, paged KV, preemption, prefix caching) with step times from the
+    # roofline cost model of ``twin_model`` on ``twin_device``; ttft_ms/itl_ms/tick_ms are unused.
+    mode: Literal["fixed", "twin"] = "fixed"
+    twin_model: str = "Llama-3.1-8B"
+    twin_device: str = "H100-SXM"
+    twin_dtype: str = "bf16"
+    # Twin: every step lasts this long instead of the cost model's time (pins decode ITL).
+    fixed_step_ms: float | None = Field(default=None, gt=0)
+    max_num_batched_tokens: int = Field(default=8192, ge=1)
+    block_size: int = Field(default=16, ge=1)
+    # Twin KV blocks; None: kv_cache_tokens // block_size; 0: from the KV calculator
+    # (GPU memory x gpu_memory_utilization - weights, twin/kvcalc.py).
+    num_gpu_blocks: int | None = Field(default=None, ge=0)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    prefix_caching: bool = True
+    # "vllm" (hash chain of blocks) or "sglang" (radix tree); None: the flavour's own.
+    prefix_style: Literal["vllm", "sglang"] | None = None
+    eviction_policy: str = "lru"
+    # Board power for the simulated GPU gauges (W); None: twin/sched.py DEFAULT_POWER_W.
+    tdp_w: float | None = Field(default=None, gt=0)
+    idle_w: float | None = Field(default=None, ge=0)
