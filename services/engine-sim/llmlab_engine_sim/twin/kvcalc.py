@@ -149,6 +149,7 @@ def format_plan(p: KvPlan) -> str:
     ]
     if p.context_exceeds_model_limit:
         lines.append(f"warning: context {p.context} exceeds the model's max_position_embeddings")
+    lines.append("(computed from the model config and the device datasheet: an estimate, not a measurement)")
     return "\n".join(lines)
 
 
