@@ -29,6 +29,9 @@ class BudgetSettings(ServiceSettings):
     reaper_interval_s: float = Field(default=5.0, gt=0)
     # Redis connections per process (a blocking pool: callers wait for a free one).
     redis_pool_size: int = Field(default=32, ge=1)
+    # Reserves waiting for a Redis connection beyond this are refused at once (429, Retry-After 1)
+    # instead of queueing past the gateway's timeout: overload sheds load, it does not collapse.
+    max_pending_reserves: int = Field(default=1024, ge=1)
     # Settlement: JetStream pull batch and ack wait.
     settle_batch: int = Field(default=256, ge=1)
     settle_ack_wait_s: float = Field(default=30.0, gt=0)

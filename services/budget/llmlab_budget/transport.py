@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 
-from llmlab_common.errors import ServiceUnavailable
+from llmlab_common.errors import RateLimited, ServiceUnavailable
 from llmlab_common.messages import AttemptEvent, ErrorInfo, RequestEvent, ReserveReply, ReserveRequest
 from llmlab_common.subjects import Topology
 from nats.aio.client import Client as NATS
@@ -34,6 +34,8 @@ class BudgetTransport:
         self._pull: JetStreamContext.PullSubscription | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: set[asyncio.Task[None]] = set()
+        # At most pool-size reserves talk to Redis at once; the rest wait here, up to a bound.
+        self._redis_slots = asyncio.Semaphore(settings.redis_pool_size)
         self._stopping = False
 
     async def start(self) -> None:
@@ -80,7 +82,14 @@ class BudgetTransport:
     # -- reserve -------------------------------------------------------------------------------
     async def _on_reserve(self, msg: Msg) -> None:
         # nats-py runs a subscription's callbacks one at a time: hand each request to its own
-        # task so reserves overlap (the Redis pool bounds the concurrency).
+        # task so reserves overlap (a semaphore the size of the Redis pool bounds them).
+        if len(self._inflight) >= self.settings.max_pending_reserves:
+            self.service.m.refusals.labels("overloaded").inc()
+            err = RateLimited("The budget service is overloaded; retry shortly.", retry_after_s=1, code="overloaded")
+            reply = ReserveReply(request_id="", error=err.to_info(), retry_after_s=1)
+            with contextlib.suppress(Exception):
+                await msg.respond(reply.model_dump_json(exclude_none=True).encode())
+            return
         task = asyncio.create_task(self._reserve(msg))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
@@ -95,7 +104,8 @@ class BudgetTransport:
             )
         else:
             try:
-                reply = await self.service.reserve(req)
+                async with self._redis_slots:
+                    reply = await self.service.reserve(req)
             except Exception:
                 log.exception("reserve failed")
                 err = ServiceUnavailable("The budget service cannot reach its store.", code="budget_unavailable")
