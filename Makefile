@@ -64,6 +64,7 @@ demo: up ## the main job: stack on the simulator, streaming requests via the ope
 
 bench: install infra ## relay benchmark: stack vs simulator called directly, 1/100/1000 streams -> results/relay-*
 	$(PY) loadtest/relay_bench.py
+	$(PY) loadtest/budget_bench.py
 
 gpu-smoke: ## on a GPU host with vllm and sglang installed: real engines behind the workers (unverified here)
 	bash scripts/gpu-smoke.sh
