@@ -58,6 +58,11 @@ async def test_reserve_settle_charges_actual_and_releases_rest(redis_layout):
     assert await day_used(redis, layout) == {"reserved": 600}
     for scope in SCOPES:  # every scope carries the reservation, limited or not
         assert (await day_used(redis, layout, scope, IDENT.scope_id(scope)))["reserved"] == 600
+    w = Windows.at(NOW, UTC)
+    # Window keys expire on their own (40 days, 400 days, 3 minutes); the concurrency counter does not.
+    assert 39 * 86400 < await redis.ttl(layout.day("user", "usr_a", w.day)) <= 40 * 86400
+    assert 399 * 86400 < await redis.ttl(layout.month("user", "usr_a", w.month)) <= 400 * 86400
+    assert 0 < await redis.ttl(layout.minute("user", "usr_a", w.minute)) <= 180
     closed = await ledger.close("r1", "settled", input_tokens=90, output_tokens=40, now=NOW)
     assert (closed.status, closed.charged, closed.reserved) == ("ok", 130, 600)
     assert await day_used(redis, layout) == {"reserved": 0, "used": 130}

@@ -71,13 +71,12 @@ local total = input + out
 local stems = {}
 for _, s in ipairs(scopes) do
   local d, m, mi = s.stem .. ':d:' .. day, s.stem .. ':m:' .. month, s.stem .. ':min:' .. minute
-  redis.call('HINCRBY', d, 'reserved', total)
-  redis.call('EXPIRE', d, ARGV[13])
-  redis.call('HINCRBY', m, 'reserved', total)
-  redis.call('EXPIRE', m, ARGV[14])
-  redis.call('HINCRBY', mi, 'req', 1)
+  -- A window key gets its TTL when this reservation is all it holds (it was just created, or
+  -- everything before was released): one EXPIRE per window, not one per request.
+  if redis.call('HINCRBY', d, 'reserved', total) == total then redis.call('EXPIRE', d, ARGV[13]) end
+  if redis.call('HINCRBY', m, 'reserved', total) == total then redis.call('EXPIRE', m, ARGV[14]) end
+  if redis.call('HINCRBY', mi, 'req', 1) == 1 then redis.call('EXPIRE', mi, ARGV[15]) end
   redis.call('HINCRBY', mi, 'tok', total)
-  redis.call('EXPIRE', mi, ARGV[15])
   redis.call('INCR', s.stem .. ':conc')
   stems[#stems + 1] = s.stem
 end
