@@ -41,6 +41,7 @@ class Efficiency(BaseModel):
     bw_eff: float = Field(gt=0, le=1)
     step_overhead_s: float = Field(ge=0)
     token_overhead_s: float = Field(default=0.0, ge=0)
+    seq_overhead_s: float = Field(default=0.0, ge=0)
     source: str = ""
 
 

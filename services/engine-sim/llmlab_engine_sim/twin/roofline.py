@@ -1,7 +1,7 @@
 """Roofline step-time model of one engine forward pass (a continuous-batching step).
 
     step_s = max(linear_compute, linear_memory) + max(attention_compute, attention_memory)
-             + allreduce_s + step_overhead_s + token_overhead_s * tokens
+             + allreduce_s + step_overhead_s + token_overhead_s * tokens + seq_overhead_s * decode_seqs
 
 Two operator groups run one after the other (GEMMs, then attention kernels), so each gets its own roofline
 and the two add; a single max over the whole step overlapped weight streaming with KV streaming, which
@@ -49,12 +49,13 @@ class EfficiencyParams:
     bw_eff: float = 0.8  # achieved / peak memory bandwidth
     step_overhead_s: float = 0.003  # per step: scheduling, launches, sampling, detokenise
     token_overhead_s: float = 0.0  # per token in the step (input prep; matters on CPU)
+    seq_overhead_s: float = 0.0  # per decoding sequence in the step (sampling, detokenising, output)
     allreduce_latency_s: float = 10e-6  # per all-reduce, tp > 1 only (not fitted)
 
     def __post_init__(self) -> None:
         if not (0 < self.compute_eff <= 1 and 0 < self.bw_eff <= 1):
             raise ValueError("compute_eff and bw_eff must be in (0, 1]")
-        if self.step_overhead_s < 0 or self.token_overhead_s < 0 or self.allreduce_latency_s < 0:
+        if min(self.step_overhead_s, self.token_overhead_s, self.seq_overhead_s, self.allreduce_latency_s) < 0:
             raise ValueError("overheads must be >= 0")
 
 
@@ -68,6 +69,7 @@ def params_for(device: DeviceSpec) -> EfficiencyParams:
         bw_eff=e.bw_eff,
         step_overhead_s=e.step_overhead_s,
         token_overhead_s=e.token_overhead_s,
+        seq_overhead_s=e.seq_overhead_s,
     )
 
 
@@ -103,6 +105,7 @@ class RooflineCostModel:
         self._s_per_kv_token = kv_total / bytes_s
         self._step_overhead_s = p.step_overhead_s
         self._token_overhead_s = p.token_overhead_s
+        self._seq_overhead_s = p.seq_overhead_s
         if tp > 1:
             link = device.interconnect_bytes_s or 32e9
             act_bytes = model.hidden_size * dtype_bytes("bf16")  # activations stay 16-bit
@@ -129,6 +132,7 @@ class RooflineCostModel:
             (lin_c if lin_c > lin_m else lin_m)
             + (att_c if att_c > att_m else att_m)
             + tokens * (self._ar_s_per_token + self._token_overhead_s)
+            + batch.decode_seqs * self._seq_overhead_s
             + self._ar_fixed_s
             + self._step_overhead_s
         )
@@ -151,7 +155,9 @@ class RooflineCostModel:
             "linear_s": max(lin_c, lin_m),
             "attention_s": max(att_c, att_m),
             "allreduce_s": tokens * self._ar_s_per_token + self._ar_fixed_s,
-            "overhead_s": self._step_overhead_s + tokens * self._token_overhead_s,
+            "overhead_s": self._step_overhead_s
+            + tokens * self._token_overhead_s
+            + batch.decode_seqs * self._seq_overhead_s,
             "step_s": self.step_seconds(batch),
             "bound": "compute" if compute > memory else "memory",
         }
