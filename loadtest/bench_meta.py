@@ -44,6 +44,34 @@ def dist_version(dist: str) -> str:
         return "unknown"
 
 
+# The §12 fields every benchmark writes (MISSION.md, rules for every benchmark), plus ours.
+METADATA_FIELDS = (
+    "date",
+    "git_commit",
+    "git_dirty",
+    "model_id",
+    "model_revision",
+    "engine",
+    "engine_version",
+    "container_image",
+    "gpu",
+    "gpu_count",
+    "driver",
+    "cuda_or_rocm",
+    "cpu",
+    "ram",
+    "prompt_dataset",
+    "input_length_distribution",
+    "output_length_distribution",
+    "concurrency",
+    "warmup",
+    "duration",
+    "sampling_parameters",
+    "simulated",
+    "command_line",
+)
+
+
 def metadata_block(
     *,
     started: dt.datetime,

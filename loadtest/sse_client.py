@@ -355,17 +355,25 @@ def _body(cfg: LoadConfig, index: int) -> bytes:
     return json.dumps(body).encode()
 
 
-async def _one_request(
-    session: aiohttp.ClientSession, cfg: LoadConfig, headers: dict[str, str], rec: RequestRecord, t_run0: float
+async def stream_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes | dict[str, Any],
+    rec: RequestRecord,
+    t_run0: float,
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
 ) -> None:
-    body = _body(cfg, rec.index)
+    """POST one streaming request and fill ``rec`` (status, chunk times, usage, finish reason or the
+    error kind). Shared by the load client, the twin's real-time replay and its CPU calibration."""
     parser = SSEParser()
     clock = time.perf_counter
     t0 = clock()
     rec.sent_at = t0 - t_run0
+    kw: dict[str, Any] = {"data": body} if isinstance(body, bytes) else {"json": body}
     try:
-        async with asyncio.timeout(cfg.request_timeout_s):
-            async with session.post(cfg.url, data=body, headers=headers) as resp:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(url, headers=headers, **kw) as resp:
                 rec.status = resp.status
                 rec.headers_at = clock() - t0
                 if resp.status != 200:
@@ -394,6 +402,12 @@ async def _one_request(
         rec.error_kind, rec.error = "connection", f"{type(exc).__name__}: {exc}"[:500]
     finally:
         rec.end_at = clock() - t0
+
+
+async def _one_request(
+    session: aiohttp.ClientSession, cfg: LoadConfig, headers: dict[str, str], rec: RequestRecord, t_run0: float
+) -> None:
+    await stream_request(session, cfg.url, _body(cfg, rec.index), rec, t_run0, cfg.request_timeout_s, headers)
 
 
 async def _stream_worker(

@@ -11,34 +11,11 @@ from pathlib import Path
 
 import budget_bench as bb
 import pytest
+from bench_meta import METADATA_FIELDS
 
 BENCH = Path(bb.__file__).resolve()
 
-REQUIRED_METADATA = (
-    "date",
-    "git_commit",
-    "git_dirty",
-    "model_id",
-    "model_revision",
-    "engine",
-    "engine_version",
-    "container_image",
-    "gpu",
-    "gpu_count",
-    "driver",
-    "cuda_or_rocm",
-    "cpu",
-    "ram",
-    "prompt_dataset",
-    "input_length_distribution",
-    "output_length_distribution",
-    "concurrency",
-    "warmup",
-    "duration",
-    "sampling_parameters",
-    "simulated",
-    "command_line",
-)
+REQUIRED_METADATA = METADATA_FIELDS
 
 
 @pytest.mark.unit

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import relay_bench as rb
+from bench_meta import METADATA_FIELDS
 
 BENCH = Path(rb.__file__).resolve()
 
@@ -165,32 +166,7 @@ def test_reports_render(tmp_path: Path) -> None:
     assert any("MISS" in ln for ln in lines)
 
 
-REQUIRED_METADATA = (
-    "date",
-    "git_commit",
-    "git_dirty",
-    "model_id",
-    "model_revision",
-    "engine",
-    "engine_version",
-    "container_image",
-    "gpu",
-    "gpu_count",
-    "driver",
-    "cuda_or_rocm",
-    "cpu",
-    "ram",
-    "prompt_dataset",
-    "input_length_distribution",
-    "output_length_distribution",
-    "concurrency",
-    "warmup",
-    "duration",
-    "sampling_parameters",
-    "simulated",
-    "simulated_note",
-    "command_line",
-)
+REQUIRED_METADATA = (*METADATA_FIELDS, "simulated_note")
 
 
 @pytest.mark.e2e

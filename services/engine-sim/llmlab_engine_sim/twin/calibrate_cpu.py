@@ -611,27 +611,7 @@ async def drive_cell(base: str, served: str, cell: Cell, run: int, *, timeout_s:
             "stream_options": {"include_usage": True},
         }
         rec = sc.RequestRecord(index=len(records), stream=stream, sent_at=0.0)
-        parser = sc.SSEParser()
-        t0 = time.perf_counter()
-        rec.sent_at = t0 - t_run0
-        try:
-            async with asyncio.timeout(timeout_s), session.post(url, json=body) as resp:
-                rec.status = resp.status
-                if resp.status != 200:
-                    rec.error_kind, rec.error = "http", f"HTTP {resp.status}: {(await resp.text())[:300]}"
-                else:
-                    async for data in resp.content.iter_any():
-                        at = time.perf_counter() - t0
-                        for payload in parser.feed(data):
-                            sc.apply_event(rec, payload, at)
-                    for payload in parser.close():
-                        sc.apply_event(rec, payload, time.perf_counter() - t0)
-        except TimeoutError as exc:
-            rec.error_kind, rec.error = "timeout", str(exc)[:300]
-        except (aiohttp.ClientError, OSError) as exc:
-            rec.error_kind, rec.error = "connection", f"{type(exc).__name__}: {exc}"[:300]
-        finally:
-            rec.end_at = time.perf_counter() - t0
+        await sc.stream_request(session, url, body, rec, t_run0, timeout_s)
         usage = rec.usage or {}
         records.append(
             {
