@@ -45,7 +45,7 @@ from llmlab_engine_sim.twin.hwcatalog import (
     get_model,
 )
 from llmlab_engine_sim.twin.kvcalc import plan
-from llmlab_engine_sim.twin.roofline import EfficiencyParams, RooflineCostModel, StepBatch
+from llmlab_engine_sim.twin.roofline import EfficiencyParams, RooflineCostModel, StepBatch, params_for
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +248,9 @@ class CalibrationPoint(BaseModel):
     concurrency: int | None
     metric: Metric
     value: float
-    split: Literal["fit", "holdout"]
+    # fit: the device's efficiencies (TensorRT-LLM tables); fit_engine: the engine's own per-step overhead on
+    # top of the device fit (one engine, few points); holdout: only to report error.
+    split: Literal["fit", "fit_engine", "holdout"]
     confidence: Literal["high", "medium", "low"]
     max_num_seqs: int | None = None
     gpu_mem_util: float | None = None
@@ -298,7 +300,9 @@ def calibrate_gpu(points_path: str | Path | None = None) -> dict[str, Any]:
     for pt in points:
         by_device.setdefault(pt.device, []).append(pt)
     fitted: dict[str, dict[str, Any]] = {}
+    device_params: dict[str, EfficiencyParams] = {}
     rows: list[dict[str, Any]] = []
+    pending: list[tuple[CalibrationPoint, DeviceSpec]] = []
     for dev_name, dev_points in by_device.items():
         device = get_device(dev_name)
         fit_pts = [p for p in dev_points if p.split == "fit"]
@@ -310,37 +314,87 @@ def calibrate_gpu(points_path: str | Path | None = None) -> dict[str, Any]:
                 [to_measured(p, sources[p.source].engine) for p in fit_pts], fit_pts[0].model, device
             )
             fitted[dev_name] = {"fit_model": fit_pts[0].model, "n_fit": len(fit_pts), **asdict(params)}
+        elif device.efficiency is not None:
+            params = params_for(device)  # the stored parameters (e.g. a sibling device's fit)
+            log.info("%s: no fit points; predicting with its stored efficiency", dev_name)
         else:
             params = EfficiencyParams()
             log.warning("%s: no fit points; predicting with default EfficiencyParams", dev_name)
-        for p in dev_points:
-            m = get_model(p.model)
-            mp = to_measured(p, sources[p.source].engine)
-            cm = RooflineCostModel(m, device, dtype=p.dtype, kv_dtype=p.kv_dtype, tp=p.tp, params=params)
-            pred = predict(cm, mp)
-            b = concurrent_seqs(m, device, mp)
-            rows.append(
-                {
-                    "id": p.id,
-                    "source": p.source,
-                    "engine": sources[p.source].engine,
-                    "device": dev_name,
-                    "model": p.model,
-                    "tp": p.tp,
-                    "dtype": p.dtype,
-                    "isl": p.input_len,
-                    "osl": p.output_len,
-                    "metric": p.metric,
-                    "split": p.split,
-                    "confidence": p.confidence,
-                    "measured": p.value,
-                    "predicted_simulated": pred,
-                    "error_pct": 100.0 * (pred - p.value) / p.value if math.isfinite(pred) else None,
-                    "concurrent_seqs_simulated": b,
-                    "params_fitted_on": fitted.get(dev_name, {}).get("fit_model", "defaults"),
-                }
-            )
-    return {"sources": {k: v.model_dump() for k, v in sources.items()}, "fitted": fitted, "points": rows}
+        device_params[dev_name] = params
+        pending += [(p, device) for p in dev_points]
+    engines = fit_engine_overheads(
+        [p for p in points if p.split == "fit_engine"], sources, {d: get_device(d) for d in by_device}, device_params
+    )
+    for p, device in pending:
+        dev_name = device.name
+        engine = sources[p.source].engine
+        params = device_params[dev_name]
+        if engine in engines:
+            params = replace(params, step_overhead_s=engines[engine])
+        m = get_model(p.model)
+        mp = to_measured(p, engine)
+        cm = RooflineCostModel(m, device, dtype=p.dtype, kv_dtype=p.kv_dtype, tp=p.tp, params=params)
+        pred = predict(cm, mp)
+        b = concurrent_seqs(m, device, mp)
+        rows.append(
+            {
+                "id": p.id,
+                "source": p.source,
+                "engine": sources[p.source].engine,
+                "device": dev_name,
+                "model": p.model,
+                "tp": p.tp,
+                "dtype": p.dtype,
+                "isl": p.input_len,
+                "osl": p.output_len,
+                "metric": p.metric,
+                "split": p.split,
+                "confidence": p.confidence,
+                "measured": p.value,
+                "predicted_simulated": pred,
+                "error_pct": 100.0 * (pred - p.value) / p.value if math.isfinite(pred) else None,
+                "concurrent_seqs_simulated": b,
+                "params_fitted_on": fitted.get(dev_name, {}).get(
+                    "fit_model", "stored" if device.efficiency is not None else "defaults"
+                ),
+            }
+        )
+    return {
+        "sources": {k: v.model_dump() for k, v in sources.items()},
+        "fitted": fitted,
+        "engine_step_overhead_s": engines,
+        "points": rows,
+    }
+
+
+def fit_engine_overheads(
+    points: Sequence[CalibrationPoint],
+    sources: dict[str, _Source],
+    devices: dict[str, DeviceSpec],
+    device_params: dict[str, EfficiencyParams],
+) -> dict[str, float]:
+    """Per engine, the per-step overhead that best fits its ``fit_engine`` points with each device's fitted
+    efficiencies kept (a one-parameter log-space grid search: the TensorRT-LLM max-load fit leaves a
+    per-step overhead that a lightly loaded vLLM step does not pay)."""
+    out: dict[str, float] = {}
+    by_engine: dict[str, list[CalibrationPoint]] = {}
+    for p in points:
+        by_engine.setdefault(sources[p.source].engine, []).append(p)
+    grid = [1e-5 * (1.02**i) for i in range(600)]  # 10 µs .. ~1.5 s
+    for engine, pts in by_engine.items():
+
+        def loss(o: float, pts: list[CalibrationPoint] = pts, engine: str = engine) -> float:
+            total = 0.0
+            for p in pts:
+                params = replace(device_params.get(p.device, EfficiencyParams()), step_overhead_s=o)
+                cm = RooflineCostModel(
+                    get_model(p.model), devices[p.device], dtype=p.dtype, kv_dtype=p.kv_dtype, tp=p.tp, params=params
+                )
+                total += log_error(cm, to_measured(p, engine)) ** 2
+            return total
+
+        out[engine] = min(grid, key=loss)
+    return out
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -349,6 +403,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     def group(r: dict[str, Any]) -> str:
         if r["split"] == "fit":
             return "fit"
+        if r["split"] == "fit_engine":
+            return f"fit {r['engine']} step overhead"
         if r["engine"] != "TensorRT-LLM":
             return f"holdout {r['engine']} {r['metric']}"
         return f"holdout {r['model']} tp{r['tp']}"
