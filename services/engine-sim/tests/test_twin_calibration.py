@@ -65,10 +65,20 @@ def test_fit_recovers_known_parameters() -> None:
 def test_points_file_is_valid_and_split() -> None:
     sources, points = cal.load_points()
     assert len({p.device for p in points}) >= 4
-    assert {p.split for p in points} == {"fit", "holdout"}
+    assert {p.split for p in points} == {"fit", "fit_engine", "holdout"}
     assert all(p.source in sources and sources[p.source].url.startswith("https://") for p in points)
     row = next(p for p in points if p.id == "trtllm-llama-31-8b-h100-sxm-tp1-128-128")
     assert row.value == 28836.77  # the published table value
+
+
+def test_vllm_step_overhead_is_fitted_on_its_point_and_checked_on_held_out_ones() -> None:
+    report = cal.calibrate_gpu()
+    overhead = report["engine_step_overhead_s"]["vLLM"]
+    assert 1e-3 < overhead < 3e-3  # far below the TensorRT-LLM max-load fit's 4.7 ms on H100
+    rows = {r["id"]: r for r in report["points"]}
+    assert abs(rows["vllm-inferencebench-llama31-8b-h100-c1-tpot"]["error_pct"]) < 1
+    assert rows["vllm-musgrave-llama31-8b-a100-40gb-c1-itl"]["split"] == "holdout"
+    assert abs(rows["vllm-musgrave-llama31-8b-a100-40gb-c1-itl"]["error_pct"]) < 10
 
 
 def test_fitted_hardware_params_reproduce_published_fit_points() -> None:
