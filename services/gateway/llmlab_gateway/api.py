@@ -361,6 +361,7 @@ async def _unary(
         if collect not in done:
             client_gone = True
             collect.cancel()
+            opened.delivered_tokens = 0  # collected for a body the client never received
             gm.requests.labels(ctx.endpoint, model, "499").inc()
             return Response(status_code=499)
         try:
