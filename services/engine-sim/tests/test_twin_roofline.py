@@ -82,3 +82,22 @@ def test_params_validation() -> None:
         EfficiencyParams(compute_eff=1.5)
     with pytest.raises(ValueError):
         EfficiencyParams(step_overhead_s=-1)
+
+
+@pytest.mark.unit
+def test_engine_profile_replaces_the_step_overhead_on_gpus_only() -> None:
+    from llmlab_engine_sim.twin.hwcatalog import get_engine_profile
+
+    vllm = get_engine_profile("vllm")
+    assert vllm is not None and 0 < vllm.step_overhead_s < 0.004
+    decode = StepBatch(0, 0, 1, 300)
+    base = RooflineCostModel.from_names("Llama-3.1-8B", "H100-SXM")
+    tuned = RooflineCostModel.from_names("Llama-3.1-8B", "H100-SXM", engine="vllm")
+    assert tuned.params.step_overhead_s == vllm.step_overhead_s
+    assert base.step_seconds(decode) - tuned.step_seconds(decode) == pytest.approx(
+        base.params.step_overhead_s - vllm.step_overhead_s
+    )
+    # An engine without a profile keeps the device fit; a CPU device keeps its own (real-engine) fit.
+    assert RooflineCostModel.from_names("Llama-3.1-8B", "H100-SXM", engine="sglang").params == base.params
+    cpu = RooflineCostModel.from_names("SmolLM2-135M-Instruct", "cpu-local", dtype="fp32", engine="vllm")
+    assert cpu.params == RooflineCostModel.from_names("SmolLM2-135M-Instruct", "cpu-local", dtype="fp32").params

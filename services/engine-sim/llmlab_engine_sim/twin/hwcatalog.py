@@ -159,10 +159,20 @@ def dtype_bytes(dtype: str) -> float:
         raise CatalogError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}") from None
 
 
+class EngineProfile(BaseModel):
+    """What an engine adds on any GPU, on top of the device's fitted efficiencies (calibrate gpu, split
+    ``fit_engine``). Not applied to CPU devices: their fit already is a real engine's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    step_overhead_s: float = Field(ge=0)
+    source: str = ""
+
+
 class _HardwareFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     version: Literal[1]
     devices: list[DeviceSpec]
+    engines: dict[str, EngineProfile] = Field(default_factory=dict)
 
 
 class _ModelsFile(BaseModel):
@@ -212,14 +222,24 @@ def _check_unique(names: list[str], path: Path) -> None:
 
 
 @lru_cache(maxsize=8)
-def _load_hardware(path: Path) -> dict[str, DeviceSpec]:
+def _load_hardware_file(path: Path) -> _HardwareFile:
     data = _read_yaml(path)
     try:
         parsed = _HardwareFile.model_validate(data)
     except ValidationError as exc:
         raise CatalogError(f"{path}: invalid hardware catalog:\n{_describe(exc, data, 'devices')}") from exc
     _check_unique([d.name for d in parsed.devices], path)
-    return {d.name: d for d in parsed.devices}
+    return parsed
+
+
+def _load_hardware(path: Path) -> dict[str, DeviceSpec]:
+    return {d.name: d for d in _load_hardware_file(path).devices}
+
+
+def get_engine_profile(engine: str, path: str | Path | None = None) -> EngineProfile | None:
+    """The calibrated profile of an engine ("vllm", "sglang"), None when it has none."""
+    parsed = _load_hardware_file(Path(path) if path else config_dir() / "hardware.yaml")
+    return parsed.engines.get(engine.lower())
 
 
 @lru_cache(maxsize=8)

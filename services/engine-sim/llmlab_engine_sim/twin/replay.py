@@ -482,9 +482,9 @@ def build_setup(
     return VirtualSetup(model, device, dtype, workers, dispatch, cfg, usd_per_hour, source)
 
 
-def cost_model_for(name: str, model: str, device: str, dtype: str) -> StepCostModel:
+def cost_model_for(name: str, model: str, device: str, dtype: str, engine: str | None = None) -> StepCostModel:
     if name == "roofline":
-        return make_cost_model(model, device, dtype)
+        return make_cost_model(model, device, dtype, engine)
     if name == "linear":
         return LinearCost()
     raise ValueError(f"unknown cost model {name!r} (roofline, linear)")
@@ -702,6 +702,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     v.add_argument("--workers", type=int, default=1)
     v.add_argument("--dispatch", default="least-loaded", choices=sorted(PICKERS))
     v.add_argument("--cost-model", default="roofline", choices=["roofline", "linear"])
+    v.add_argument(
+        "--engine",
+        choices=["vllm", "sglang"],
+        help="apply the engine's calibrated per-step overhead (hardware.yaml engines); default: the device fit",
+    )
     v.add_argument("--max-num-seqs", type=int, default=256)
     v.add_argument("--max-num-batched-tokens", type=int, default=8192)
     v.add_argument("--block-size", type=int, default=16)
@@ -764,7 +769,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             eviction_policy=args.eviction_policy,
             usd_per_hour=args.usd_per_hour,
         )
-        cost = cost_model_for(args.cost_model, args.model, args.device, args.dtype)
+        cost = cost_model_for(args.cost_model, args.model, args.device, args.dtype, args.engine)
         summary, seqs, wall = replay_trace(trace, setup, cost, slo=slo)
         summary["metadata"] = _metadata(args, started, wall, trace, simulated=True)
         _write(args.out, summary, markdown(summary), records(seqs) if args.records else None)

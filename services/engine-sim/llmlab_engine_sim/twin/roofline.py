@@ -22,10 +22,17 @@ step_seconds is plain float arithmetic on constants precomputed in __init__: it 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from llmlab_engine_sim.twin.hwcatalog import DeviceSpec, ModelSpec, dtype_bytes, get_device, get_model
+from llmlab_engine_sim.twin.hwcatalog import (
+    DeviceSpec,
+    ModelSpec,
+    dtype_bytes,
+    get_device,
+    get_engine_profile,
+    get_model,
+)
 from llmlab_engine_sim.twin.kvcalc import kv_bytes_per_token_per_gpu
 
 
@@ -59,18 +66,25 @@ class EfficiencyParams:
             raise ValueError("overheads must be >= 0")
 
 
-def params_for(device: DeviceSpec) -> EfficiencyParams:
-    """The device's fitted parameters from hardware.yaml, or the defaults."""
+def params_for(device: DeviceSpec, engine: str | None = None) -> EfficiencyParams:
+    """The device's fitted parameters from hardware.yaml (or the defaults), with the engine's own per-step
+    overhead when hardware.yaml has a profile for it and the device is a GPU."""
     e = device.efficiency
-    if e is None:
-        return EfficiencyParams()
-    return EfficiencyParams(
-        compute_eff=e.compute_eff,
-        bw_eff=e.bw_eff,
-        step_overhead_s=e.step_overhead_s,
-        token_overhead_s=e.token_overhead_s,
-        seq_overhead_s=e.seq_overhead_s,
+    params = (
+        EfficiencyParams()
+        if e is None
+        else EfficiencyParams(
+            compute_eff=e.compute_eff,
+            bw_eff=e.bw_eff,
+            step_overhead_s=e.step_overhead_s,
+            token_overhead_s=e.token_overhead_s,
+            seq_overhead_s=e.seq_overhead_s,
+        )
     )
+    profile = get_engine_profile(engine) if engine and device.kind == "gpu" else None
+    if profile is not None:
+        params = replace(params, step_overhead_s=profile.step_overhead_s)
+    return params
 
 
 class RooflineCostModel:
@@ -85,6 +99,7 @@ class RooflineCostModel:
         kv_dtype: str | None = None,
         tp: int = 1,
         params: EfficiencyParams | None = None,
+        engine: str | None = None,
     ) -> None:
         if tp < 1:
             raise ValueError("tp must be >= 1")
@@ -93,7 +108,7 @@ class RooflineCostModel:
         self.dtype = dtype
         self.kv_dtype = kv_dtype or dtype
         self.tp = tp
-        self.params = params if params is not None else params_for(device)
+        self.params = params if params is not None else params_for(device, engine)
         p = self.params
         flops_s = device.peak_flops(dtype) * p.compute_eff * tp
         bytes_s = device.mem_bandwidth_bytes_s * p.bw_eff * tp

@@ -959,11 +959,12 @@ class RealtimeTwinScheduler(StepListener):
         return min(1.0, self.core.stats.busy_s / elapsed) if elapsed > 0 else 0.0
 
 
-def make_cost_model(model: str, device: str, dtype: str = "bf16") -> StepCostModel:
-    """The roofline cost model (imported lazily: it lives beside this module)."""
+def make_cost_model(model: str, device: str, dtype: str = "bf16", engine: str | None = None) -> StepCostModel:
+    """The roofline cost model (imported lazily: it lives beside this module), with the engine's calibrated
+    per-step overhead when ``engine`` has one (hardware.yaml ``engines``)."""
     from llmlab_engine_sim.twin.roofline import RooflineCostModel
 
-    cost: StepCostModel = RooflineCostModel.from_names(model, device, dtype=dtype)
+    cost: StepCostModel = RooflineCostModel.from_names(model, device, dtype=dtype, engine=engine)
     return cost
 
 
@@ -1007,7 +1008,7 @@ def twin_scheduler_from_settings(
     cost: StepCostModel = (
         FixedStepCost(s.fixed_step_ms / 1000.0)
         if s.fixed_step_ms is not None
-        else make_cost_model(s.twin_model, s.twin_device, s.twin_dtype)
+        else make_cost_model(s.twin_model, s.twin_device, s.twin_dtype, engine=s.flavor)
     )
     cfg = TwinConfig(
         max_num_seqs=s.max_num_seqs,
