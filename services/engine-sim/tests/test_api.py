@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 from llmlab_common.metrics import parse_prometheus_text
 from llmlab_engine_sim import textgen
 from llmlab_engine_sim.api import create_app
 from llmlab_engine_sim.settings import SimSettings
+from llmlab_testkit.inproc import serve_in_loop
 
 pytestmark = pytest.mark.integration
 
@@ -75,25 +75,8 @@ async def running_sim(**overrides: Any) -> AsyncIterator[str]:
     """Serve a fresh simulator on a free port in this event loop; yields its base URL."""
     kw: dict[str, Any] = {"model": MODEL, "ttft_ms": 20, "itl_ms": 5, "output_len": 6} | overrides
     settings = SimSettings(**kw)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        create_app(settings), log_level="warning", lifespan="on", timeout_graceful_shutdown=2, access_log=False
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        for _ in range(500):
-            if server.started or task.done():
-                break
-            await asyncio.sleep(0.01)
-        assert server.started, "simulator did not start"
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
-        sock.close()
+    async with serve_in_loop(create_app(settings), "simulator") as base:
+        yield base
 
 
 def client(base: str) -> openai.AsyncOpenAI:

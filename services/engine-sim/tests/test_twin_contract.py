@@ -4,7 +4,6 @@ step scheduler, simulated GPU gauges, and the worker contract suite against it."
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,7 +11,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 from llmlab_common.metrics import parse_prometheus_text
 from llmlab_engine_sim.api import create_app
 from llmlab_engine_sim.settings import SimSettings
@@ -20,6 +18,7 @@ from llmlab_engine_sim.twin import replay
 from llmlab_engine_sim.twin import trace as tr
 from llmlab_testkit import contract
 from llmlab_testkit.contract import EngineUnderTest
+from llmlab_testkit.inproc import serve_in_loop
 from llmlab_testkit.procs import Stack, url
 
 pytestmark = pytest.mark.integration
@@ -33,23 +32,8 @@ RUNNING = {"vllm": "vllm:num_requests_running", "sglang": "sglang:num_running_re
 async def running_twin(**overrides: Any) -> AsyncIterator[str]:
     kw: dict[str, Any] = {"model": MODEL, "mode": "twin", "output_len": 8} | overrides
     settings = SimSettings(**kw)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(create_app(settings), log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        for _ in range(500):
-            if server.started or task.done():
-                break
-            await asyncio.sleep(0.01)
-        assert server.started, "twin did not start"
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
-        sock.close()
+    async with serve_in_loop(create_app(settings), "twin") as base:
+        yield base
 
 
 async def get_json(base: str, path: str) -> dict[str, Any]:
