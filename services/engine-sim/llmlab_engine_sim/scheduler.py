@@ -305,7 +305,70 @@ class SchedulerStats:
     generation_tokens: int = 0
 
 
-class Scheduler:
+class LoopScheduler:
+    """What every real-time scheduler shares: one loop task that owns time, request counters, the
+    stop that aborts what has not ended. Subclasses provide ``_run``, ``_live_ids``, ``abort`` and
+    the ``num_*`` figures."""
+
+    _task_name = "engine-sim-scheduler"
+    stats: SchedulerStats
+    _task: asyncio.Task[None] | None = None
+
+    @property
+    def num_running(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def num_waiting(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def num_pending(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    def _live_ids(self) -> list[str]:
+        raise NotImplementedError
+
+    def abort(self, req_id: str) -> bool:
+        raise NotImplementedError
+
+    def snapshot(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "received": s.received,
+            "running": self.num_running,
+            "waiting": self.num_waiting,
+            "pending": self.num_pending,
+            "aborted": s.aborted,
+            "finished": s.finished,
+            "finished_by_reason": dict(s.finished_by_reason),
+            "prompt_tokens": s.prompt_tokens,
+            "generation_tokens": s.generation_tokens,
+        }
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=self._task_name)
+
+    async def stop(self) -> None:
+        """Stop the loop and abort whatever has not ended (their consumers see ``"abort"``)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for req_id in self._live_ids():
+            self.abort(req_id)
+
+
+class Scheduler(LoopScheduler):
     """Continuous batching on a tick grid, driven by one loop task; see the module docstring."""
 
     def __init__(
@@ -354,43 +417,14 @@ class Scheduler:
     def num_pending(self) -> int:
         return self._num_pending
 
-    @property
-    def alive(self) -> bool:
-        return self._task is not None and not self._task.done()
-
     def get(self, req_id: str) -> SimRequest | None:
         return self._requests.get(req_id)
 
     def running_requests(self) -> Iterator[SimRequest]:
         return (r for r in self._requests.values() if r.state in RUNNING_STATES)
 
-    def snapshot(self) -> dict[str, Any]:
-        s = self.stats
-        return {
-            "received": s.received,
-            "running": self._num_running,
-            "waiting": self._num_waiting,
-            "pending": self._num_pending,
-            "aborted": s.aborted,
-            "finished": s.finished,
-            "finished_by_reason": dict(s.finished_by_reason),
-            "prompt_tokens": s.prompt_tokens,
-            "generation_tokens": s.generation_tokens,
-        }
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-sim-scheduler")
-
-    async def stop(self) -> None:
-        """Stop the loop and abort whatever has not ended (their consumers see ``"abort"``)."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for req_id in list(self._requests):
-            self.abort(req_id)
+    def _live_ids(self) -> list[str]:
+        return list(self._requests)
 
     def submit(self, req: SimRequest) -> None:
         if req.id in self._requests:

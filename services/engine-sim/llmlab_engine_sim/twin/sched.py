@@ -39,8 +39,11 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Protocol
 
+from llmlab_common.stats import quantile
+
 from llmlab_engine_sim.scheduler import (
     Clock,
+    LoopScheduler,
     RealClock,
     RequestState,
     SchedulerObserver,
@@ -723,7 +726,9 @@ DEFAULT_POWER_W: dict[str, tuple[float, float]] = {
 }
 
 
-class RealtimeTwinScheduler(StepListener):
+class RealtimeTwinScheduler(LoopScheduler, StepListener):
+    _task_name = "engine-twin-scheduler"
+
     """The step scheduler on the event loop, with the interface of
     :class:`llmlab_engine_sim.scheduler.Scheduler` that the HTTP layer and the flavours' metrics
     use. Sleeps until each step's end, then emits its tokens into the requests' sinks."""
@@ -762,10 +767,6 @@ class RealtimeTwinScheduler(StepListener):
     def num_pending(self) -> int:
         return 0
 
-    @property
-    def alive(self) -> bool:
-        return self._task is not None and not self._task.done()
-
     def get(self, req_id: str) -> SimRequest | None:
         s = self._seqs.get(req_id)
         return s.payload if s is not None else None
@@ -774,18 +775,9 @@ class RealtimeTwinScheduler(StepListener):
         return (s.payload for s in self.core.running())
 
     def snapshot(self) -> dict[str, Any]:
-        st = self.stats
         tw = self.core.stats
         return {
-            "received": st.received,
-            "running": self.num_running,
-            "waiting": self.num_waiting,
-            "pending": 0,
-            "aborted": st.aborted,
-            "finished": st.finished,
-            "finished_by_reason": dict(st.finished_by_reason),
-            "prompt_tokens": st.prompt_tokens,
-            "generation_tokens": st.generation_tokens,
+            **super().snapshot(),
             "twin": {
                 "simulated": True,
                 "steps": tw.steps,
@@ -804,24 +796,11 @@ class RealtimeTwinScheduler(StepListener):
         lags = sorted(self.lags)
         if not lags:
             return {"n": 0, "p50": None, "p99": None, "max": None}
+        ms = 1000.0
+        return {"n": len(lags), "p50": quantile(lags, 0.5) * ms, "p99": quantile(lags, 0.99) * ms, "max": lags[-1] * ms}
 
-        def q(p: float) -> float:
-            return lags[min(len(lags) - 1, int(p * (len(lags) - 1) + 0.5))] * 1000.0
-
-        return {"n": len(lags), "p50": q(0.5), "p99": q(0.99), "max": lags[-1] * 1000.0}
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-twin-scheduler")
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for req_id in list(self._seqs):
-            self.abort(req_id)
+    def _live_ids(self) -> list[str]:
+        return list(self._seqs)
 
     def submit(self, req: SimRequest, keys: Sequence[Hashable] = ()) -> None:
         if req.id in self._seqs:
