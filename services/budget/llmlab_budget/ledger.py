@@ -17,6 +17,7 @@ from llmlab_budget.windows import Windows
 DAY_TTL_S = 40 * 86400
 MONTH_TTL_S = 400 * 86400
 MINUTE_TTL_S = 180
+REAP_BATCH = 500  # reservations released per reap call (one Lua call, kept short)
 
 
 def _lua(name: str) -> str:
@@ -147,7 +148,7 @@ class Ledger:
         )
         return Closed(_s(r[0]), int(r[1]), int(r[2]))
 
-    async def reap(self, now: float, limit: int = 500) -> list[str]:
+    async def reap(self, now: float, limit: int = REAP_BATCH) -> list[str]:
         """Release reservations past their expiry; returns their request ids."""
         ids = await self._reap(
             keys=[self.layout.reservation_expiry],

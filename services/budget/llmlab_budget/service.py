@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 from zoneinfo import ZoneInfo
 
 from llmlab_common.catalog import Catalog, LimitSet, PlanBudget, ScopeName
@@ -27,7 +27,7 @@ from llmlab_common.errors import (
 )
 from llmlab_common.messages import AttemptEvent, RequestEvent, ReserveReply, ReserveRequest
 
-from llmlab_budget.ledger import Closed, Ledger, Reservation
+from llmlab_budget.ledger import REAP_BATCH, Closed, Ledger, Reservation
 from llmlab_budget.metrics import BudgetMetrics
 from llmlab_budget.model import Identity, effective_limits
 from llmlab_budget.settings import BudgetSettings
@@ -214,15 +214,10 @@ class BudgetService:
         """A request that was refused or failed as a whole pays nothing."""
         return await self._close(ev.request_id, "released", 0, 0, ev.ended_at)
 
-    async def _close(self, request_id: str, state: str, inp: int, out: int, ended_at: float) -> Closed:
-        now = self.clock()
-        closed = await self.ledger.close(
-            request_id,
-            "settled" if state == "settled" else "released",
-            input_tokens=inp,
-            output_tokens=out,
-            now=now,
-        )
+    async def _close(
+        self, request_id: str, state: Literal["settled", "released"], inp: int, out: int, ended_at: float
+    ) -> Closed:
+        closed = await self.ledger.close(request_id, state, input_tokens=inp, output_tokens=out, now=self.clock())
         self.m.settlements.labels(closed.status if closed.status != "ok" else state).inc()
         if closed.status == "ok":
             self.m.settle_lag.observe(max(0.0, time.time() - ended_at))
@@ -236,9 +231,9 @@ class BudgetService:
     async def reap(self) -> list[str]:
         released: list[str] = []
         while True:
-            ids = await self.ledger.reap(self.clock())
+            ids = await self.ledger.reap(self.clock(), REAP_BATCH)
             released += ids
-            if len(ids) < 500:
+            if len(ids) < REAP_BATCH:  # a short batch: nothing more is due
                 break
         if released:
             self.m.reaped.inc(len(released))
