@@ -775,8 +775,19 @@ class Bench:
 
         layout = Layout(prefix)
         self.r.hset(layout.key(ident["key_id"]), mapping={"revoked_at": "", "tenant_id": ident["tenant_id"]})
-        base = WorkerSpec(
-            layer="redis",
+        base = self._spec("redis", prefix=prefix, identity={**ident, "plan": "enterprise"})
+        try:
+            for rate in cfg.rates:
+                for rep in range(1, cfg.repeats + 1):
+                    self.runs.append(self.run("redis", rate, rep, base))
+        finally:
+            self._delete_prefix(f"{prefix}:*")
+
+    def _spec(self, layer: str, **extra: Any) -> WorkerSpec:
+        """A load process's orders for ``layer``; ``run`` fills in index, rate and run tag."""
+        cfg = self.cfg
+        return WorkerSpec(
+            layer=layer,
             index=0,
             rate=0,
             warmup=cfg.warmup,
@@ -786,15 +797,8 @@ class Bench:
             redis_pool=cfg.redis_pool,
             lanes=cfg.lanes,
             run_tag="",
-            prefix=prefix,
-            identity={**ident, "plan": "enterprise"},
+            **extra,
         )
-        try:
-            for rate in cfg.rates:
-                for rep in range(1, cfg.repeats + 1):
-                    self.runs.append(self.run("redis", rate, rep, base))
-        finally:
-            self._delete_prefix(f"{prefix}:*")
 
     # -- layer 2 ------------------------------------------------------------------------------
     def service_layer(self) -> None:
@@ -808,21 +812,7 @@ class Bench:
             self.service_info.update(pid=budget.pid, log=str(budget.log_path))
             key_sha = self._provision(ns, stack.base_env())
             svc = psutil.Process(budget.pid)
-            base = WorkerSpec(
-                layer="service",
-                index=0,
-                rate=0,
-                warmup=cfg.warmup,
-                duration=cfg.duration,
-                redis_url=cfg.redis_url,
-                nats_url=cfg.nats_url,
-                redis_pool=cfg.redis_pool,
-                lanes=cfg.lanes,
-                run_tag="",
-                namespace=ns,
-                key_sha256=key_sha,
-                settle_sample_every=cfg.settle_sample_every,
-            )
+            base = self._spec("service", namespace=ns, key_sha256=key_sha, settle_sample_every=cfg.settle_sample_every)
             for rate in cfg.rates:
                 for rep in range(1, cfg.repeats + 1):
                     self._wait_quiet(svc)
