@@ -56,6 +56,19 @@ class SamplingParams(BaseModel):
     parallel_tool_calls: bool | None = None
 
 
+class RouteInfo(BaseModel):
+    """Why this attempt went where it went (the router's decision), carried to the worker and into
+    the attempt's event so accounting can join cost to routing."""
+
+    model_config = ConfigDict(extra="forbid")
+    policy: str
+    policy_version: str
+    position: int = Field(default=1, ge=1)  # 1 = first choice; 2.. = fallbacks of the chain
+    reason: str = ""
+    fallback_from: str | None = None  # deployment id of the attempt this one replaces
+    slo_class: str | None = None
+
+
 class InferenceRequest(_RequestMsg):
     """Gateway → worker, on a pool or per-worker subject of the requests stream."""
 
@@ -75,6 +88,7 @@ class InferenceRequest(_RequestMsg):
     dispatched_at: float  # when this attempt was published
     start_deadline: float  # a worker that takes it later discards it (nobody waits any more)
     deadline: float  # generation stops at this time even if running
+    route: RouteInfo | None = None
 
 
 # -- token stream back to the gateway (core NATS, per request) -------------------------------
@@ -228,6 +242,7 @@ class AttemptEvent(_RequestMsg):
     usage: Usage | None = None
     timings: Timings | None = None
     error: ErrorInfo | None = None
+    route: RouteInfo | None = None
     created_at: float
     ended_at: float
 

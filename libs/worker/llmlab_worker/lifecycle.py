@@ -545,6 +545,7 @@ class Worker:
             usage=usage,
             timings=t,
             error=error,
+            route=req.route,
             created_at=req.created_at,
             ended_at=time.time(),
         )

@@ -1,0 +1,1 @@
+"""Router: deployment and replica choice (domain in this package; transport in transport.py)."""
