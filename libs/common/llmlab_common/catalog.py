@@ -144,12 +144,20 @@ class Plan(_Strict):
     budget: PlanBudget = Field(default_factory=PlanBudget)
 
 
+class PoolSpec(_Strict):
+    description: str = ""
+
+
 class Catalog(_Strict):
     version: Literal[1]
+    # When given, every deployment's pool must be declared here (a typo is refused, not a new pool).
+    pools: dict[str, PoolSpec] | None = None
     deployments: list[Deployment] = Field(min_length=1)
     prices: Prices
     slo_classes: dict[str, SloClass]
     plans: dict[str, Plan]
+    # Routing policies: validated by the router (llmlab_router.config), which owns the plug-in names.
+    routing: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Catalog:
@@ -175,6 +183,15 @@ class Catalog(_Strict):
                     raise ValueError(f"alias {alias!r} points at both {names[alias]!r} and {d.model!r}")
                 names[alias] = d.model
         return self
+
+    def located_problems(self) -> list[tuple[tuple[Any, ...], str]]:
+        """Cross-references whose error should name a line: (location in the YAML, message)."""
+        out: list[tuple[tuple[Any, ...], str]] = []
+        if self.pools is not None:
+            for i, d in enumerate(self.deployments):
+                if d.pool not in self.pools:
+                    out.append((("deployments", i, "pool"), f"unknown pool {d.pool!r} (pools: {sorted(self.pools)})"))
+        return out
 
     # -- lookups -----------------------------------------------------------------------------
     @cached_property
@@ -253,7 +270,25 @@ def _line_for(loc: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> int | 
     return None
 
 
-def load_catalog(path: str | Path) -> Catalog:
+def format_problems(
+    path: Path, exc: ValidationError, lines: dict[tuple[Any, ...], int], prefix: tuple[Any, ...] = ()
+) -> str:
+    """One line per pydantic error: ``file:line: dotted.location: message``."""
+    problems = []
+    for err in exc.errors():
+        loc = (*prefix, *err["loc"])
+        problems.append(problem_line(path, loc, lines, err["msg"]))
+    return "\n  ".join(problems)
+
+
+def problem_line(path: Path, loc: tuple[Any, ...], lines: dict[tuple[Any, ...], int], msg: str) -> str:
+    line = _line_for(loc, lines)
+    where = ".".join(str(p) for p in loc) or "<root>"
+    return f"{path}:{line or '?'}: {where}: {msg}"
+
+
+def load_catalog_with_lines(path: str | Path) -> tuple[Catalog, dict[tuple[Any, ...], int]]:
+    """The validated catalog and the line of every value (for checks made by other services)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -264,12 +299,14 @@ def load_catalog(path: str | Path) -> Catalog:
     except yaml.YAMLError as exc:
         raise CatalogError(f"{path}: invalid YAML: {exc}") from exc
     try:
-        return Catalog.model_validate(data)
+        catalog = Catalog.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            loc = tuple(err["loc"])
-            line = _line_for(loc, lines)
-            where = ".".join(str(p) for p in loc) or "<root>"
-            problems.append(f"{path}:{line or '?'}: {where}: {err['msg']}")
-        raise CatalogError("invalid catalog:\n  " + "\n  ".join(problems)) from exc
+        raise CatalogError("invalid catalog:\n  " + format_problems(path, exc, lines)) from exc
+    problems = [problem_line(path, loc, lines, msg) for loc, msg in catalog.located_problems()]
+    if problems:
+        raise CatalogError("invalid catalog:\n  " + "\n  ".join(problems))
+    return catalog, lines
+
+
+def load_catalog(path: str | Path) -> Catalog:
+    return load_catalog_with_lines(path)[0]

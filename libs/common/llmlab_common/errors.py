@@ -121,6 +121,8 @@ def error_from_info(info: ErrorInfo, retry_after_s: float | None = None) -> LLML
         if info.type == InsufficientQuota.type:
             return InsufficientQuota(info.message, retry_after_s=retry_after_s, code=info.code)
         return RateLimited(info.message, retry_after_s=retry_after_s or 1.0, code=info.code)
+    if info.status == 404 and info.code == ModelNotFound.code:
+        return ModelNotFound(info.message)
     for cls in (
         InvalidRequest,
         AuthenticationFailed,

@@ -260,6 +260,45 @@ class RequestEvent(_RequestMsg):
     ended_at: float
 
 
+# -- router (request/reply between gateway and router service) ----------------------------------
+
+
+class RouteQuery(_RequestMsg):
+    """What the router needs to know about a request: sizes, difficulty and constraints, never the prompt
+    (only hashes of its leading blocks, for prefix affinity)."""
+
+    model: str
+    endpoint: Endpoint = "chat"
+    plan: str = "free"
+    prompt_tokens: int = Field(ge=0)
+    max_output_tokens: int = Field(ge=1)
+    difficulty: float = Field(default=0.0, ge=0, le=1)
+    needs_tools: bool = False
+    slo_class: str | None = None  # a stricter class asked by the request; default: the plan's
+    quality_floor: float | None = Field(default=None, ge=0, le=1)  # only raises the plan's floor
+    max_cost_usd: float | None = Field(default=None, gt=0)  # only lowers the plan's cap
+    policy: str | None = None  # a named routing policy; default: the alias's or the catalog's
+    prefix_hashes: list[str] = Field(default_factory=list)
+
+
+class RouteTarget(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    deployment: str
+    pool: str
+    worker_id: str | None = None  # None: any worker of the pool
+
+
+class RouteReply(_RequestMsg):
+    """The ordered chain: first target, then fallbacks (no (deployment, worker) twice, bounded length)."""
+
+    targets: list[RouteTarget] = Field(default_factory=list)
+    policy: str = ""
+    policy_version: str = ""
+    slo_class: str | None = None
+    reason: str = ""
+    error: ErrorInfo | None = None
+
+
 # -- budget (request/reply between gateway and budget service) ---------------------------------
 
 

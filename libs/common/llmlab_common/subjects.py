@@ -18,6 +18,8 @@ Layout (``<ns>`` is :attr:`InfraSettings.namespace`):
 * ``<ns>.budget.reserve``             request/reply gateway → budget (queue group ``budget``):
   authenticate + reserve, before routing. Settlement reads ``<NS>_EVENTS`` through the durable
   consumer ``budget-settle`` shared by every budget replica.
+* ``<ns>.router.route``              request/reply gateway → router (queue group ``router``): the
+  target chain of one request. Routers read heartbeats and ``<ns>.evt.attempt`` for live state.
 """
 
 from __future__ import annotations
@@ -112,7 +114,16 @@ class Topology:
         return f"{self.namespace}.budget.reserve"
 
     BUDGET_QUEUE_GROUP = "budget"
+
+    # -- router ------------------------------------------------------------------------------
+    @property
+    def router_route_subject(self) -> str:
+        return f"{self.namespace}.router.route"
+
+    ROUTER_QUEUE_GROUP = "router"
     BUDGET_SETTLE_CONSUMER = "budget-settle"
+    # Durable consumer of the accounting service on the events stream (one writer process).
+    ACCOUNTING_CONSUMER = "accounting"
 
 
 def attempt_event_msg_id(request_id: str, attempt: int, source: str) -> str:

@@ -16,7 +16,6 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from llmlab_common import openai_wire as wire
-from llmlab_common.catalog import load_catalog
 from llmlab_common.errors import EngineError, InvalidRequest, LLMLabError, NotFound, PayloadTooLarge
 from llmlab_common.logging import request_id_var
 from llmlab_common.messages import Endpoint, Principal, StreamEnd, TokenChunk
@@ -24,14 +23,20 @@ from llmlab_common.metrics import Metrics
 from llmlab_common.natsio import connect, ensure_streams
 from llmlab_common.runtime import ServiceState, ops_router
 from llmlab_common.subjects import Topology
+from llmlab_router.app import reload_loop
+from llmlab_router.config import CatalogHolder
+from llmlab_router.core import RouterCore
+from llmlab_router.feed import LiveFeed
+from llmlab_router.records import DecisionLog
+from llmlab_router.state import LiveState
 from pydantic import ValidationError
 
 from llmlab_gateway.auth import AdmissionRequest, Admitter, StaticKeyAuthenticator, require_key
 from llmlab_gateway.budget_client import BudgetAdmitter
 from llmlab_gateway.dispatch import NatsDispatcher
-from llmlab_gateway.routing import StaticRouter
+from llmlab_gateway.routing import EmbeddedRouter, RemoteRouter, Router
 from llmlab_gateway.schemas import ChatCompletionRequest, CompletionRequest
-from llmlab_gateway.service import CallContext, CompletionService, OpenedStream, estimate_prompt
+from llmlab_gateway.service import CallContext, CompletionService, OpenedStream, RouteHints, estimate_prompt
 from llmlab_gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -49,6 +54,34 @@ class GatewayMetrics:
         self.in_flight = m.gauge("gateway_in_flight_requests", "Requests being served")
         self.attempts = m.counter("gateway_retries_total", "Attempts beyond the first", ("model",))
         self.tokens = m.counter("gateway_completion_tokens_total", "Completion tokens relayed", ("model",))
+        self.router_degraded = m.counter(
+            "gateway_router_fallbacks_total",
+            "Routes decided in the gateway because the router did not answer",
+            ("why",),
+        )
+
+
+def _float_header(request: Request, name: str, lo: float, hi: float) -> float | None:
+    raw = request.headers.get(name)
+    if raw is None:
+        return None
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not lo <= v <= hi:
+        raise InvalidRequest(f"Header {name} must be a number in [{lo}, {hi}], got {raw!r}.", code="invalid_header")
+    return v
+
+
+def route_hints(request: Request) -> RouteHints:
+    """Optional per-request routing constraints; they can only tighten the plan's."""
+    return RouteHints(
+        slo_class=request.headers.get("x-llmlab-slo-class"),
+        quality_floor=_float_header(request, "x-llmlab-quality-floor", 0.0, 1.0),
+        max_cost_usd=_float_header(request, "x-llmlab-max-cost-usd", 1e-12, 1e6),
+        policy=request.headers.get("x-llmlab-route-policy"),
+    )
 
 
 def _new_request_id() -> str:
@@ -94,7 +127,7 @@ def create_app(settings: GatewaySettings, admitter: Admitter | None = None) -> F
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        catalog = load_catalog(settings.infra.catalog_path)
+        holder = CatalogHolder(settings.infra.catalog_path)
         topo = Topology(settings.infra.namespace)
         nc = await connect(settings.infra.nats_url, f"gateway-{settings.gateway_id}")
         js = nc.jetstream()
@@ -109,7 +142,19 @@ def create_app(settings: GatewaySettings, admitter: Admitter | None = None) -> F
             settings.worker_sweep_interval_s,
         )
         await dispatcher.start()
-        app.state.catalog = catalog
+        live = LiveState()
+        feed = LiveFeed(nc, js, topo, live)
+        await feed.start()
+        dlog = DecisionLog(settings.decision_log) if settings.decision_log is not None else None
+        core = RouterCore(holder, live, dlog)
+        embedded = EmbeddedRouter(core)
+        router: Router = (
+            embedded
+            if settings.router == "embedded"
+            else RemoteRouter(nc, topo, settings.router_timeout_s, embedded, gm.router_degraded)
+        )
+        reloader = asyncio.create_task(reload_loop(holder, settings.catalog_reload_interval_s), name="catalog-reload")
+        app.state.holder = holder
         app.state.dispatcher = dispatcher
         if admitter is not None:
             app.state.admitter = admitter
@@ -119,9 +164,7 @@ def create_app(settings: GatewaySettings, admitter: Admitter | None = None) -> F
             )
         else:
             app.state.admitter = BudgetAdmitter(nc, topo, settings.budget_timeout_s)
-        app.state.service = CompletionService(
-            settings, catalog, StaticRouter(catalog, dispatcher.live_workers), dispatcher
-        )
+        app.state.service = CompletionService(settings, holder, router, dispatcher)
         state.checks["nats"] = lambda: nc.is_connected
         state.checks["workers_discovered"] = dispatcher.discovery_done
         log.info(
@@ -134,7 +177,11 @@ def create_app(settings: GatewaySettings, admitter: Admitter | None = None) -> F
         try:
             yield
         finally:
+            reloader.cancel()
+            await feed.stop()
             await dispatcher.stop()
+            if dlog is not None:
+                dlog.close()
             with contextlib.suppress(Exception):
                 await nc.drain()
 
@@ -164,7 +211,7 @@ def create_app(settings: GatewaySettings, admitter: Admitter | None = None) -> F
     @app.get("/v1/models")
     async def list_models(request: Request) -> JSONResponse:
         await request.app.state.admitter.authenticate(_bearer(request))
-        catalog = request.app.state.catalog
+        catalog = request.app.state.holder.current.catalog
         created = int(time.time())
         data = [
             {"id": m, "object": "model", "created": created, "owned_by": "llm-inference-lab"}
@@ -175,7 +222,7 @@ def create_app(settings: GatewaySettings, admitter: Admitter | None = None) -> F
     @app.get("/v1/models/{model:path}")
     async def get_model(model: str, request: Request) -> JSONResponse:
         await request.app.state.admitter.authenticate(_bearer(request))
-        request.app.state.catalog.require(model)
+        _require_model(request, model)
         return JSONResponse(
             {"id": model, "object": "model", "created": int(time.time()), "owned_by": "llm-inference-lab"}
         )
@@ -214,7 +261,8 @@ def create_app(settings: GatewaySettings, admitter: Admitter | None = None) -> F
                 )
             except ValidationError as exc:
                 raise _validation_error(exc) from exc
-            request.app.state.catalog.require(body.model)
+            _require_model(request, body.model)
+            hints = route_hints(request)
             # Authenticate and reserve (budget) before routing: over-budget work never reaches a worker.
             admission = await request.app.state.admitter.admit(
                 api_key,
@@ -228,11 +276,12 @@ def create_app(settings: GatewaySettings, admitter: Admitter | None = None) -> F
                 ),
             )
             principal = admission.principal
-            ctx = CallContext(request_id, endpoint, body, principal, created_at, admission.max_tokens)
+            ctx = CallContext(request_id, endpoint, body, principal, created_at, admission.max_tokens, hints)
             opened = await service.open(ctx)
         except LLMLabError as err:
-            if model is not None and request.app.state.catalog.resolve(model):
-                model_label = request.app.state.catalog.resolve(model)[0].model
+            found = request.app.state.holder.current.catalog.resolve(model) if model is not None else []
+            if found:
+                model_label = found[0].model
             gm.requests.labels(endpoint, model_label, str(err.status)).inc()
             log.info("refused %s: %d %s", endpoint, err.status, err.message)
             service.record_failure(request_id, err, created_at, model, principal)
@@ -241,7 +290,11 @@ def create_app(settings: GatewaySettings, admitter: Admitter | None = None) -> F
         gm.ttft.labels(model_label).observe(time.time() - created_at)
         if opened.attempts > 1:
             gm.attempts.labels(model_label).inc(opened.attempts - 1)
-        headers = {"X-Request-Id": request_id}
+        headers = {"X-Request-Id": request_id, "X-LLMLab-Deployment": opened.deployment.id}
+        if opened.route is not None:
+            headers["X-LLMLab-Route-Policy"] = opened.route.policy
+        if opened.attempts > 1:
+            headers["X-LLMLab-Attempts"] = str(opened.attempts)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(
@@ -252,6 +305,13 @@ def create_app(settings: GatewaySettings, admitter: Admitter | None = None) -> F
         return await _unary(request, service, opened, ctx, gm, headers)
 
     return app
+
+
+def _require_model(request: Request, name: str) -> None:
+    """404 unless a deployment serves the name or it is a routing alias (auto, fast, cheap, best)."""
+    current = request.app.state.holder.current
+    if name not in current.routing.aliases:
+        current.catalog.require(name)
 
 
 def _bearer(request: Request) -> str | None:

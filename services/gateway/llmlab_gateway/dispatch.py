@@ -22,6 +22,7 @@ from llmlab_common.messages import (
     Heartbeat,
     InferenceRequest,
     RequestEvent,
+    RouteTarget,
     StreamEnd,
     StreamError,
     StreamStarted,
@@ -33,7 +34,6 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from pydantic import ValidationError
 
-from llmlab_gateway.routing import RouteDecision
 from llmlab_gateway.service import AttemptMessage, StreamGap, WorkerLost
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,8 @@ class _Inflight:
     attempt: int
     queue: asyncio.Queue[AttemptMessage] = field(default_factory=asyncio.Queue)
     next_seq: int = 0
-    worker_id: str | None = None
+    worker_id: str | None = None  # the worker that took it (StreamStarted)
+    target_worker: str | None = None  # the worker it was addressed to, before one took it
     lost_reported: bool = False
     done: bool = False
     last_msg_at: float = field(default_factory=time.monotonic)
@@ -160,16 +161,15 @@ class NatsDispatcher:
         if remaining > 0:
             await asyncio.sleep(remaining)
 
-    async def dispatch(self, req: InferenceRequest, route: RouteDecision) -> _Handle:
-        inf = _Inflight(attempt=req.attempt)
+    async def dispatch(self, req: InferenceRequest, target: RouteTarget) -> _Handle:
+        inf = _Inflight(attempt=req.attempt, target_worker=target.worker_id)
         # Register before publishing: the first token can beat the publish ack.
         self.inflight[req.request_id] = inf
         req.reply_subject = self.topo.token_subject(self.gateway_id, req.request_id)
-        dep = route.deployment
         subject = (
-            self.topo.worker_subject(dep.pool, route.worker_id)
-            if route.subject_kind == "worker" and route.worker_id
-            else self.topo.pool_subject(dep.pool)
+            self.topo.worker_subject(target.pool, target.worker_id)
+            if target.worker_id
+            else self.topo.pool_subject(target.pool)
         )
         payload = req.model_dump_json(exclude_none=True).encode()
         if len(payload) > self.nc.max_payload:
@@ -273,7 +273,9 @@ class NatsDispatcher:
             await asyncio.sleep(self._sweep_interval)
             now = time.monotonic()
             for inf in list(self.inflight.values()):
-                wid = inf.worker_id
+                # A worker addressed directly that dies before taking the attempt is lost too:
+                # its consumer would hold the message until the queue timeout otherwise.
+                wid = inf.worker_id or inf.target_worker
                 if not wid or inf.done or inf.lost_reported or self.registry.alive(wid):
                     continue
                 # Tokens still arriving prove the worker alive even when its heartbeats lag (an

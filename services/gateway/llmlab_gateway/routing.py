@@ -1,37 +1,53 @@
-"""Routing seam. Until the router service lands, the gateway resolves a model name or alias
-to its catalog deployments in catalog order and skips deployments with no live worker."""
+"""Routing seam: the gateway asks for a target chain (first choice + fallbacks) for each request.
+
+* :class:`RemoteRouter` asks the router service over NATS (``<ns>.router.route``); when it does not
+  answer in time the gateway decides itself with its embedded router (degraded, logged and counted)
+  rather than failing the request.
+* :class:`EmbeddedRouter` runs the same router core in the gateway's process (one hop less; each
+  gateway then keeps its own view of pending work and prefix affinity).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import logging
 from typing import Protocol
 
-from llmlab_common.catalog import Catalog, Deployment
+from llmlab_common.messages import RouteQuery, RouteReply
+from llmlab_common.subjects import Topology
+from llmlab_router.core import RouterCore
+from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from prometheus_client import Counter
+from pydantic import ValidationError
 
-
-@dataclass(frozen=True)
-class RouteDecision:
-    deployment: Deployment
-    subject_kind: str  # "pool" (any worker of the pool) or "worker" (a chosen one)
-    worker_id: str | None
-    reason: str
+log = logging.getLogger(__name__)
 
 
 class Router(Protocol):
-    def route(self, model: str) -> list[RouteDecision]: ...
+    async def route(self, query: RouteQuery) -> RouteReply: ...
 
 
-class StaticRouter:
-    def __init__(self, catalog: Catalog, live_workers: Callable[[str], int]) -> None:
-        self.catalog = catalog
-        self.live_workers = live_workers
+class EmbeddedRouter:
+    def __init__(self, core: RouterCore) -> None:
+        self.core = core
 
-    def route(self, model: str) -> list[RouteDecision]:
-        deployments = self.catalog.require(model)
-        live = [d for d in deployments if self.live_workers(d.pool) > 0]
-        # Deployments with live workers first; the rest stay so a 503 can name the pool.
-        ordered = live + [d for d in deployments if d not in live]
-        return [
-            RouteDecision(d, "pool", None, f"static: {model!r} -> {d.id} (catalog order, live first)") for d in ordered
-        ]
+    async def route(self, query: RouteQuery) -> RouteReply:
+        return self.core.route(query)[0]
+
+
+class RemoteRouter:
+    def __init__(self, nc: NATS, topo: Topology, timeout_s: float, fallback: EmbeddedRouter, degraded: Counter) -> None:
+        self.nc, self.topo, self.timeout_s = nc, topo, timeout_s
+        self.fallback = fallback
+        self.degraded = degraded
+
+    async def route(self, query: RouteQuery) -> RouteReply:
+        payload = query.model_dump_json(exclude_none=True).encode()
+        try:
+            msg = await self.nc.request(self.topo.router_route_subject, payload, timeout=self.timeout_s)
+            return RouteReply.model_validate_json(msg.data)
+        except (NatsTimeout, NoRespondersError, ValidationError) as exc:
+            self.degraded.labels(type(exc).__name__).inc()
+            log.warning("router service unavailable (%s): deciding in the gateway", type(exc).__name__)
+            return await self.fallback.route(query)

@@ -27,6 +27,10 @@ from llmlab_common.messages import (
     InferenceRequest,
     Principal,
     RequestEvent,
+    RouteInfo,
+    RouteQuery,
+    RouteReply,
+    RouteTarget,
     SamplingParams,
     StreamEnd,
     StreamError,
@@ -36,8 +40,10 @@ from llmlab_common.messages import (
 )
 from llmlab_common.tokens import PromptEstimate, estimate_chat
 from llmlab_common.tokens import estimate_prompt as estimate_completion_prompt
+from llmlab_router.config import CatalogHolder, RouterCatalog
+from llmlab_router.features import chat_prefix_text, chat_task, difficulty, prefix_hashes
 
-from llmlab_gateway.routing import RouteDecision, Router
+from llmlab_gateway.routing import Router
 from llmlab_gateway.schemas import ChatCompletionRequest, CompletionRequest
 from llmlab_gateway.settings import GatewaySettings
 
@@ -81,7 +87,7 @@ class Dispatcher(Protocol):
 
     async def wait_discovery(self) -> None: ...
 
-    async def dispatch(self, req: InferenceRequest, route: RouteDecision) -> AttemptHandle: ...
+    async def dispatch(self, req: InferenceRequest, target: RouteTarget) -> AttemptHandle: ...
 
     def cancel(self, request_id: str, attempt: int | None, reason: str) -> None: ...
 
@@ -99,6 +105,16 @@ def estimate_prompt(body: ChatCompletionRequest | CompletionRequest) -> PromptEs
     return estimate_completion_prompt(body.prompt_text())
 
 
+@dataclass(frozen=True)
+class RouteHints:
+    """What a request may ask of the router (``x-llmlab-*`` headers): only ever stricter than its plan."""
+
+    slo_class: str | None = None
+    quality_floor: float | None = None
+    max_cost_usd: float | None = None
+    policy: str | None = None
+
+
 @dataclass
 class CallContext:
     request_id: str
@@ -108,6 +124,7 @@ class CallContext:
     created_at: float = field(default_factory=time.time)
     # The budget's output allowance: sent to the engine as max_tokens when set.
     max_tokens: int | None = None
+    hints: RouteHints = field(default_factory=RouteHints)
 
 
 @dataclass
@@ -123,6 +140,7 @@ class OpenedStream:
     end: StreamEnd | None = None
     attempts: int = 1
     delivered_tokens: int = 0  # tokens handed to the transport (what a cancelled request pays)
+    route: RouteReply | None = None
 
     async def __aiter__(self) -> AsyncIterator[TokenChunk | StreamEnd]:
         async for batch in self.batches():
@@ -173,11 +191,26 @@ class OpenedStream:
 
 
 class CompletionService:
-    def __init__(self, settings: GatewaySettings, catalog: Catalog, router: Router, dispatcher: Dispatcher) -> None:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        catalog: CatalogHolder | RouterCatalog,
+        router: Router,
+        dispatcher: Dispatcher,
+    ) -> None:
         self.settings = settings
-        self.catalog = catalog
+        self._catalog = catalog  # a holder follows reloads; the router reads the same file
         self.router = router
         self.dispatcher = dispatcher
+
+    @property
+    def current(self) -> RouterCatalog:
+        c = self._catalog
+        return c.current if isinstance(c, CatalogHolder) else c
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.current.catalog
 
     def _queue_timeout(self, principal: Principal) -> float:
         if self.settings.queue_timeout_s is not None:
@@ -186,7 +219,7 @@ class CompletionService:
         slo = self.catalog.slo_classes.get(plan.slo_class) if plan else None
         return slo.queue_timeout_s if slo else 10.0
 
-    def _max_tokens(self, ctx: CallContext, dep: Deployment) -> int:
+    def _max_tokens(self, ctx: CallContext) -> int:
         if ctx.max_tokens is not None:
             return ctx.max_tokens
         requested = ctx.body.requested_max_tokens()
@@ -195,11 +228,12 @@ class CompletionService:
         plan = self.catalog.plans.get(ctx.principal.plan)
         return plan.default_max_tokens if plan else 256
 
-    def _build(self, ctx: CallContext, route: RouteDecision, attempt: int, queue_timeout: float) -> InferenceRequest:
+    def _build(
+        self, ctx: CallContext, dep: Deployment, route: RouteInfo, attempt: int, queue_timeout: float
+    ) -> InferenceRequest:
         body = ctx.body
-        dep = route.deployment
         params = SamplingParams(
-            max_tokens=self._max_tokens(ctx, dep),
+            max_tokens=self._max_tokens(ctx),
             temperature=body.temperature,
             top_p=body.top_p,
             stop=body.stop_list(),
@@ -239,41 +273,92 @@ class CompletionService:
             dispatched_at=now,
             start_deadline=now + queue_timeout,
             deadline=ctx.created_at + self.settings.request_timeout_s,
+            route=route,
         )
 
-    async def open(self, ctx: CallContext) -> OpenedStream:
-        """Dispatch attempts until one produces its first token; errors are :class:`LLMLabError`."""
-        routes = self.router.route(ctx.body.model)
-        if isinstance(ctx.body, ChatCompletionRequest) and ctx.body.tools and not routes[0].deployment.supports_tools:
-            log.info("tools dropped: deployment %s does not support them", routes[0].deployment.id)
-        route = routes[0]
-        if self.dispatcher.live_workers(route.deployment.pool) == 0:
+    def route_query(self, ctx: CallContext) -> RouteQuery:
+        """The request as the router sees it: sizes, difficulty, prefix hashes; never the prompt."""
+        body = ctx.body
+        routing = self.current.routing
+        if isinstance(body, ChatCompletionRequest):
+            messages = [m.model_dump(exclude_none=True) for m in body.messages]
+            task, text = chat_task(messages), chat_prefix_text(messages)
+        else:
+            task = text = body.prompt_text()
+        prompt = estimate_prompt(body)
+        max_out = self._max_tokens(ctx)
+        h = ctx.hints
+        return RouteQuery(
+            request_id=ctx.request_id,
+            model=body.model,
+            endpoint=ctx.endpoint,
+            plan=ctx.principal.plan,
+            prompt_tokens=prompt.total,
+            max_output_tokens=max_out,
+            difficulty=difficulty(task, prompt.total, max_out),
+            needs_tools=bool(isinstance(body, ChatCompletionRequest) and body.tools),
+            slo_class=h.slo_class,
+            quality_floor=h.quality_floor,
+            max_cost_usd=h.max_cost_usd,
+            policy=h.policy,
+            prefix_hashes=prefix_hashes(text, routing.prefix_block_chars, routing.prefix_max_blocks),
+        )
+
+    async def _route(self, ctx: CallContext) -> RouteReply:
+        query = self.route_query(ctx)
+        reply = await self.router.route(query)
+        if reply.error is not None and reply.error.code == "no_healthy_deployment":
+            # Just started: heartbeats may not have arrived yet. Wait out discovery once.
             await self.dispatcher.wait_discovery()
-            routes = self.router.route(ctx.body.model)
-            route = routes[0]
-            if self.dispatcher.live_workers(route.deployment.pool) == 0:
-                raise ServiceUnavailable(
-                    f"No worker of pool '{route.deployment.pool}' (model '{route.deployment.model}') is running.",
-                )
-        log.info("route: %s", route.reason)
+            reply = await self.router.route(query)
+        if reply.error is not None:
+            raise error_from_info(reply.error)
+        return reply
+
+    async def open(self, ctx: CallContext) -> OpenedStream:
+        """Try the router's chain in order until one target produces its first token.
+
+        The chain never repeats a (deployment, worker), is bounded by the catalog's ``max_chain``
+        and by ``max_attempts``, and every attempt reuses the request's one budget reservation, so
+        a fallback can neither loop nor charge twice. Errors are :class:`LLMLabError`."""
+        reply = await self._route(ctx)
+        targets = reply.targets[: self.settings.max_attempts]
         queue_timeout = self._queue_timeout(ctx.principal)
-        last_error: LLMLabError | None = None
-        for attempt in range(1, self.settings.max_attempts + 1):
-            req = self._build(ctx, route, attempt, queue_timeout)
-            handle = await self.dispatcher.dispatch(req, route)
-            opened, err = await self._await_first_token(ctx, req, route.deployment, handle, queue_timeout)
+        failures: list[str] = []
+        previous: str | None = None
+        for attempt, target in enumerate(targets, 1):
+            dep = self.catalog.deployment(target.deployment)
+            if dep is None:  # the router knows a newer catalog than this gateway: skip, do not guess
+                failures.append(f"{target.deployment}: not in this gateway's catalog")
+                continue
+            if attempt == 1:
+                log.info("route: %s", reply.reason)
+                if isinstance(ctx.body, ChatCompletionRequest) and ctx.body.tools and not dep.supports_tools:
+                    log.info("tools dropped: deployment %s does not support them", dep.id)
+            info = RouteInfo(
+                policy=reply.policy,
+                policy_version=reply.policy_version,
+                position=attempt,
+                reason=reply.reason if attempt == 1 else f"fallback after {previous}: {failures[-1]}",
+                fallback_from=previous,
+                slo_class=reply.slo_class,
+            )
+            req = self._build(ctx, dep, info, attempt, queue_timeout)
+            handle = await self.dispatcher.dispatch(req, target)
+            opened, err = await self._await_first_token(ctx, req, dep, handle, queue_timeout)
             if opened is not None:
                 opened.attempts = attempt
+                opened.route = reply
                 return opened
             assert err is not None
-            last_error = err
             if not err.retryable:
                 raise err
-            log.warning("attempt %d failed before the first token (%s); retrying", attempt, err.message)
-        assert last_error is not None
-        raise EngineError(
-            f"{self.settings.max_attempts} attempts failed before the first token; last: {last_error.message}",
-            code=last_error.code,
+            failures.append(f"{target.deployment}/{target.worker_id or 'pool'}: {err.message}")
+            previous = target.deployment
+            log.warning("attempt %d failed before the first token (%s); trying the next route", attempt, err.message)
+        raise ServiceUnavailable(
+            f"All {len(targets)} routes failed before the first token: " + "; ".join(failures),
+            code="all_routes_failed",
         )
 
     async def _await_first_token(
@@ -337,6 +422,7 @@ class CompletionService:
                 endpoint=req.endpoint,
                 principal=ctx.principal,
                 error=ErrorInfo(status=0, type="attempt", code=outcome, message=why),
+                route=req.route,
                 created_at=ctx.created_at,
                 ended_at=time.time(),
             )

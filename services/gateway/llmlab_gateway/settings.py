@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from pathlib import Path
 from typing import Literal
 
-from llmlab_common.settings import ServiceSettings
+from llmlab_common.settings import REPO_ROOT, ServiceSettings
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
@@ -35,6 +36,13 @@ class GatewaySettings(ServiceSettings):
     stream_idle_timeout_s: float = 120.0
     request_timeout_s: float = 600.0
     max_attempts: int = Field(default=3, ge=1, le=5)
+    # "service": ask the router service over NATS (falls back to deciding here when it does not
+    # answer within router_timeout_s); "embedded": decide in this process with the same router core.
+    router: Literal["service", "embedded"] = "service"
+    router_timeout_s: float = Field(default=0.25, gt=0)
+    # Decisions made in this process (embedded mode, or when the router service is down).
+    decision_log: Path | None = REPO_ROOT / ".run" / "gateway-decisions.jsonl"
+    catalog_reload_interval_s: float = Field(default=2.0, gt=0)
     # Before any heartbeat can have arrived, do not answer 503 "no workers".
     worker_discovery_grace_s: float = 2.0
     worker_sweep_interval_s: float = 0.1

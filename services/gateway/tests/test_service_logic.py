@@ -8,14 +8,15 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-from llmlab_common.catalog import load_catalog
 from llmlab_common.errors import EngineError, InvalidRequest, ModelNotFound, RateLimited, ServiceUnavailable
 from llmlab_common.messages import (
     AttemptEvent,
     ErrorInfo,
+    Heartbeat,
     InferenceRequest,
     Principal,
     RequestEvent,
+    RouteTarget,
     StreamEnd,
     StreamError,
     StreamStarted,
@@ -24,7 +25,10 @@ from llmlab_common.messages import (
     Usage,
 )
 from llmlab_common.settings import DEFAULT_CATALOG
-from llmlab_gateway.routing import RouteDecision, StaticRouter
+from llmlab_gateway.routing import EmbeddedRouter
+from llmlab_router.config import load_router_catalog
+from llmlab_router.core import RouterCore
+from llmlab_router.state import LiveState
 from llmlab_gateway.schemas import ChatCompletionRequest
 from llmlab_gateway.service import AttemptMessage, CallContext, CompletionService, WorkerLost
 from llmlab_gateway.settings import GatewaySettings
@@ -55,6 +59,7 @@ class FakeDispatcher:
     workers: int = 1
     scripts: list[list[AttemptMessage | None]] = field(default_factory=list)
     dispatched: list[InferenceRequest] = field(default_factory=list)
+    targets: list[RouteTarget] = field(default_factory=list)
     cancels: list[tuple[str, int | None, str]] = field(default_factory=list)
     attempt_events: list[AttemptEvent] = field(default_factory=list)
     request_events: list[RequestEvent] = field(default_factory=list)
@@ -65,8 +70,9 @@ class FakeDispatcher:
     async def wait_discovery(self) -> None:
         return None
 
-    async def dispatch(self, req: InferenceRequest, route: RouteDecision) -> _Handle:
+    async def dispatch(self, req: InferenceRequest, target: RouteTarget) -> _Handle:
         self.dispatched.append(req)
+        self.targets.append(target)
         return _Handle(req.attempt, self.scripts.pop(0))
 
     def cancel(self, request_id: str, attempt: int | None, reason: str) -> None:
@@ -102,8 +108,24 @@ def _end(a: int, seq: int) -> StreamEnd:
 
 def _service(d: FakeDispatcher, **kw: object) -> CompletionService:
     settings = GatewaySettings(queue_timeout_s=0.05, first_token_timeout_s=0.05, **kw)  # type: ignore[arg-type]
-    catalog = load_catalog(DEFAULT_CATALOG)
-    return CompletionService(settings, catalog, StaticRouter(catalog, d.live_workers), d)
+    rc = load_router_catalog(DEFAULT_CATALOG)
+    live = LiveState()
+    for pool in ("gpu-vllm", "gpu-sglang", "cpu-vllm"):
+        for i in range(d.workers):
+            live.on_heartbeat(
+                Heartbeat(
+                    worker_id=f"{pool}-{i}",
+                    pool=pool,
+                    engine="vllm",
+                    models=[],
+                    max_concurrency=8,
+                    in_flight=0,
+                    ready=True,
+                    interval_s=60,
+                    sent_at=time.time(),
+                )
+            )
+    return CompletionService(settings, rc, EmbeddedRouter(RouterCore(rc, live)), d)
 
 
 def _ctx(model: str = MODEL, **body: object) -> CallContext:
@@ -149,7 +171,7 @@ async def test_unknown_model_is_404() -> None:
 
 
 async def test_worker_lost_before_first_token_retries_as_next_attempt() -> None:
-    d = FakeDispatcher(scripts=[[_started(1), WorkerLost(1, "w1")], [_started(2, "w2"), _tok(2, 1, "x"), _end(2, 2)]])
+    d = FakeDispatcher(workers=2, scripts=[[_started(1), WorkerLost(1, "w1")], [_started(2, "w2"), _tok(2, 1, "x"), _end(2, 2)]])
     opened = await _service(d).open(_ctx())
     assert await _drain(opened) == ["x"]
     assert [r.attempt for r in d.dispatched] == [1, 2]
@@ -158,12 +180,36 @@ async def test_worker_lost_before_first_token_retries_as_next_attempt() -> None:
     assert [e.outcome for e in d.attempt_events] == ["worker_lost"]
 
 
-async def test_retries_are_bounded() -> None:
+async def test_fallback_chain_is_bounded_and_never_repeats_a_target() -> None:
+    # An explicit model with one deployment of 3 workers: the chain is the chosen worker plus
+    # replica_retries (1) other worker, then a clear 503.
     lost = [[_started(a), WorkerLost(a, "w")] for a in (1, 2, 3)]
-    d = FakeDispatcher(scripts=lost)
-    with pytest.raises(EngineError, match="3 attempts failed"):
-        await _service(d, max_attempts=3).open(_ctx())
-    assert len(d.dispatched) == 3
+    d = FakeDispatcher(workers=3, scripts=lost)
+    with pytest.raises(ServiceUnavailable, match="All 2 routes failed") as exc:
+        await _service(d, max_attempts=5).open(_ctx())
+    assert exc.value.code == "all_routes_failed"
+    assert len(d.dispatched) == 2
+    pairs = [(t.deployment, t.worker_id) for t in d.targets]
+    assert len(set(pairs)) == 2 and all(w is not None for _, w in pairs)
+    assert [r.route.position for r in d.dispatched if r.route] == [1, 2]
+    assert d.dispatched[1].route and d.dispatched[1].route.fallback_from == "llama-8b-vllm"
+
+
+async def test_alias_falls_back_to_another_deployment() -> None:
+    # "auto" spans deployments: with one worker each, the second target is another deployment.
+    d = FakeDispatcher(scripts=[[_started(1), WorkerLost(1, "w")], [_started(2, "w2"), _tok(2, 1, "x"), _end(2, 2)]])
+    opened = await _service(d).open(_ctx(model="auto"))
+    assert await _drain(opened) == ["x"]
+    assert len({t.deployment for t in d.targets}) == 2
+    assert opened.attempts == 2 and opened.route is not None
+
+
+async def test_max_attempts_caps_the_chain() -> None:
+    lost = [[_started(a), WorkerLost(a, "w")] for a in (1, 2, 3)]
+    d = FakeDispatcher(workers=3, scripts=lost)
+    with pytest.raises(ServiceUnavailable, match="All 1 routes failed"):
+        await _service(d, max_attempts=1).open(_ctx())
+    assert len(d.dispatched) == 1
 
 
 async def test_engine_rejection_is_not_retried() -> None:
@@ -199,7 +245,7 @@ async def test_tools_and_response_format_pass_through_where_supported() -> None:
         "user": "u1",
     }
     d = FakeDispatcher(scripts=[[_started(1), _end(1, 1)], [_started(1), _end(1, 1)]])
-    svc = _service(d)
+    svc = _service(d)  # tools: a soft filter, relaxed when no deployment of the model supports them
     await svc.open(_ctx(**body))
     p = d.dispatched[0].params
     assert p.tools == tools and p.tool_choice == "auto" and p.response_format == {"type": "json_object"}

@@ -1,0 +1,102 @@
+"""Router service process: the route responder over NATS, the live feed, catalog reloads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from llmlab_common.metrics import Metrics
+from llmlab_common.natsio import connect, ensure_streams
+from llmlab_common.runtime import ServiceState, ops_router
+from llmlab_common.subjects import Topology
+
+from llmlab_router.config import CatalogHolder
+from llmlab_router.core import RouterCore
+from llmlab_router.feed import LiveFeed
+from llmlab_router.metrics import RouterMetrics
+from llmlab_router.records import DecisionLog
+from llmlab_router.settings import RouterSettings
+from llmlab_router.state import LiveState
+from llmlab_router.transport import RouteResponder
+
+log = logging.getLogger(__name__)
+
+
+async def reload_loop(holder: CatalogHolder, interval_s: float, metrics: RouterMetrics | None = None) -> None:
+    """Poll the catalog file; a valid change is swapped in, an invalid one keeps the last good."""
+    while True:
+        await asyncio.sleep(interval_s)
+        before = holder.failed_reloads
+        if holder.maybe_reload() and metrics is not None:
+            metrics.reloads.labels("ok").inc()
+        if holder.failed_reloads != before and metrics is not None:
+            metrics.reloads.labels("refused").inc()
+
+
+def create_app(settings: RouterSettings) -> FastAPI:
+    metrics = Metrics("llmlab")
+    rm = RouterMetrics(metrics)
+    state = ServiceState()
+    holder = CatalogHolder(settings.infra.catalog_path)  # refuses to start on an invalid catalog
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            dlog = None
+            if settings.decision_log is not None:
+                dlog = DecisionLog(settings.decision_log, settings.decision_log_max_bytes)
+                stack.callback(dlog.close)
+            live = LiveState()
+            core = RouterCore(holder, live, dlog)
+            topo = Topology(settings.infra.namespace)
+            nc = await connect(settings.infra.nats_url, "router")
+            stack.push_async_callback(nc.drain)
+            js = nc.jetstream()
+            await ensure_streams(js, topo)
+            feed = LiveFeed(nc, js, topo, live)
+            await feed.start()
+            stack.push_async_callback(feed.stop)
+            responder = RouteResponder(nc, topo, core, rm)
+            await responder.start()
+            stack.push_async_callback(responder.stop)
+            reloader = asyncio.create_task(reload_loop(holder, settings.reload_interval_s, rm), name="catalog-reload")
+            stack.push_async_callback(_cancel, reloader)
+            state.checks["nats"] = lambda: nc.is_connected
+            app.state.core = core
+            log.info(
+                "router up (namespace %s, catalog version %s, decisions -> %s)",
+                topo.namespace,
+                holder.current.version,
+                settings.decision_log,
+            )
+            yield
+
+    app = FastAPI(title="llm-inference-lab router", lifespan=lifespan)
+    app.state.service_state = state
+    app.include_router(ops_router(state, metrics))
+
+    @app.get("/admin/catalog")
+    async def catalog_status() -> dict[str, Any]:
+        cur = holder.current
+        return {
+            "version": cur.version,
+            "source": cur.source,
+            "policies": sorted(cur.routing.policies),
+            "default_policy": cur.routing.default_policy,
+            "reloads": holder.reloads,
+            "failed_reloads": holder.failed_reloads,
+            "last_error": holder.last_error,
+        }
+
+    return app
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -1,0 +1,130 @@
+"""Live state the router decides on: worker heartbeats (aged out), observed TTFT/ITL per deployment
+from completed attempts (windowed p95), recent failures, what the router itself sent since each
+worker's last heartbeat, and which worker was last sent each prompt-prefix block."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from llmlab_common.messages import AttemptEvent, Heartbeat
+from llmlab_common.stats import quantile
+
+HEARTBEAT_MISSES = 3  # a worker silent for this many of its intervals is gone (as the gateway)
+_FAILED = {"engine_error", "worker_lost", "abandoned"}
+
+
+@dataclass
+class _Worker:
+    hb: Heartbeat
+    expires_at: float  # monotonic
+    pending: int = 0  # sent by this router since the heartbeat (the heartbeat cannot count them yet)
+
+
+@dataclass
+class _Window:
+    samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=512))
+    _p95: float | None = None
+    _dirty: bool = True
+
+    def add(self, t: float, v: float) -> None:
+        self.samples.append((t, v))
+        self._dirty = True
+
+    def p95(self, now: float, window_s: float, min_samples: int) -> float | None:
+        while self.samples and self.samples[0][0] < now - window_s:
+            self.samples.popleft()
+            self._dirty = True
+        if len(self.samples) < min_samples:
+            return None
+        if self._dirty:  # recomputed only after a change: decisions stay cheap
+            self._p95 = quantile(sorted(v for _, v in self.samples), 0.95)
+            self._dirty = False
+        return self._p95
+
+
+@dataclass
+class DeploymentStats:
+    ttft: _Window = field(default_factory=_Window)
+    itl: _Window = field(default_factory=_Window)
+    outcomes: deque[tuple[float, bool]] = field(default_factory=lambda: deque(maxlen=256))
+
+    def failure_rate(self, now: float, window_s: float) -> tuple[float, int]:
+        while self.outcomes and self.outcomes[0][0] < now - window_s:
+            self.outcomes.popleft()
+        n = len(self.outcomes)
+        return (sum(1 for _, bad in self.outcomes if bad) / n if n else 0.0), n
+
+
+class LiveState:
+    def __init__(self, affinity_capacity: int = 200_000) -> None:
+        self.workers: dict[str, _Worker] = {}
+        self.stats: dict[str, DeploymentStats] = {}
+        self.rr: dict[str, int] = {}
+        # block hash -> worker id last sent it (LRU-bounded: memory stays flat under unique prompts)
+        self.affinity: OrderedDict[str, str] = OrderedDict()
+        self.affinity_capacity = affinity_capacity
+
+    # -- inputs ----------------------------------------------------------------------------------
+    def on_heartbeat(self, hb: Heartbeat, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self.workers[hb.worker_id] = _Worker(hb, now + HEARTBEAT_MISSES * hb.interval_s)
+
+    def on_attempt(self, ev: AttemptEvent, now: float | None = None) -> None:
+        if ev.source != "worker" and ev.outcome not in _FAILED:
+            return
+        now = time.monotonic() if now is None else now
+        st = self.stats.setdefault(ev.deployment, DeploymentStats())
+        if ev.outcome in _FAILED:
+            st.outcomes.append((now, True))
+            return
+        if ev.outcome != "completed":
+            return
+        st.outcomes.append((now, False))
+        t = ev.timings
+        if t is not None:
+            if t.ttft_s is not None:
+                st.ttft.add(now, t.ttft_s)
+            itl = t.itl_p95_s if t.itl_p95_s is not None else t.tpot_s
+            if itl is not None:
+                st.itl.add(now, itl)
+
+    # -- reads -----------------------------------------------------------------------------------
+    def live_workers(self, pool: str, now: float) -> list[Heartbeat]:
+        return [
+            w.hb
+            for w in self.workers.values()
+            if w.hb.pool == pool and w.expires_at > now and w.hb.ready and not w.hb.draining
+        ]
+
+    def worker(self, worker_id: str) -> _Worker | None:
+        return self.workers.get(worker_id)
+
+    def prefix_match(self, worker_id: str, hashes: list[str]) -> int:
+        """How many leading blocks were last sent to this worker (stops at the first that was not)."""
+        n = 0
+        for h in hashes:
+            if self.affinity.get(h) != worker_id:
+                break
+            n += 1
+        return n
+
+    # -- after a decision --------------------------------------------------------------------------
+    def commit(self, deployment: str, worker_id: str | None, hashes: list[str]) -> None:
+        self.rr[deployment] = self.rr.get(deployment, 0) + 1
+        if worker_id is None:
+            return
+        w = self.workers.get(worker_id)
+        if w is not None:
+            w.pending += 1
+        aff = self.affinity
+        for h in hashes:
+            aff[h] = worker_id
+            aff.move_to_end(h)
+        while len(aff) > self.affinity_capacity:
+            aff.popitem(last=False)
+
+    def prune(self, now: float) -> None:
+        for wid in [w for w, s in self.workers.items() if s.expires_at < now - 60]:
+            del self.workers[wid]
