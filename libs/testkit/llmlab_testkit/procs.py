@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -122,6 +123,7 @@ class Stack:
     redis_url: str = os.environ.get("LLMLAB_REDIS_URL", "redis://127.0.0.1:6379/0")
     procs: list[ManagedProcess] = field(default_factory=list)
     python: str = sys.executable
+    _workdir: Path | None = None
 
     def base_env(self) -> dict[str, str]:
         return {
@@ -213,19 +215,30 @@ class Stack:
         }
         return self._launch(f"worker-{engine}-{pool}", f"llmlab_worker_{engine}", wenv, [], port, "/ready", wait)
 
+    @property
+    def workdir(self) -> Path:
+        """A directory of this stack's own (decision logs, catalogs), removed by :meth:`close`."""
+        if self._workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix=f"llmlab-{self.namespace}-"))
+        return self._workdir
+
     def gateway(
         self,
         *,
         queue_timeout_s: float | None = None,
         auth: str = "static",
+        router: str = "embedded",
         env: dict[str, str] | None = None,
         wait: bool = True,
     ) -> ManagedProcess:
-        """A gateway; ``auth="static"`` (the dev key, no budgets) unless a test runs the budget."""
+        """A gateway; ``auth="static"`` (the dev key, no budgets) unless a test runs the budget;
+        ``router="embedded"`` (decides in-process) unless a test runs the router service."""
         port = free_port()
         genv = {
             "LLMLAB_GATEWAY_PORT": str(port),
             "LLMLAB_GATEWAY_AUTH": auth,
+            "LLMLAB_GATEWAY_ROUTER": router,
+            "LLMLAB_GATEWAY_DECISION_LOG": str(self.workdir / f"gateway-{port}-decisions.jsonl"),
             "LLMLAB_GATEWAY_WORKER_DISCOVERY_GRACE_S": "0.6",
             "LLMLAB_GATEWAY_DRAIN_TIMEOUT_S": "5",
             **({"LLMLAB_GATEWAY_QUEUE_TIMEOUT_S": str(queue_timeout_s)} if queue_timeout_s else {}),
@@ -239,10 +252,41 @@ class Stack:
         benv = {"LLMLAB_BUDGET_PORT": str(port), "LLMLAB_BUDGET_DRAIN_TIMEOUT_S": "5", **(env or {})}
         return self._launch("budget", "llmlab_budget", benv, [], port, "/ready", wait)
 
+    def router(self, *, env: dict[str, str] | None = None, wait: bool = True) -> ManagedProcess:
+        """A router service process; its decision log is ``<workdir>/router-<port>.jsonl``."""
+        port = free_port()
+        renv = {
+            "LLMLAB_ROUTER_PORT": str(port),
+            "LLMLAB_ROUTER_DRAIN_TIMEOUT_S": "5",
+            "LLMLAB_ROUTER_DISCOVERY_GRACE_S": "0.6",
+            "LLMLAB_ROUTER_DECISION_LOG": str(self.workdir / f"router-{port}.jsonl"),
+            **(env or {}),
+        }
+        p = self._launch("router", "llmlab_router", renv, [], port, "/ready", wait)
+        p.decision_log = Path(renv["LLMLAB_ROUTER_DECISION_LOG"])  # type: ignore[attr-defined]
+        return p
+
     def close(self) -> None:
         for p in reversed(self.procs):
             p.stop()
         self.procs.clear()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def accounting(
+        self, *, data_dir: Path | None = None, env: dict[str, str] | None = None, wait: bool = True
+    ) -> ManagedProcess:
+        """An accounting service process on an embedded chdb directory (``<workdir>/accounting``
+        unless given: a restart of the same stack reopens the same data)."""
+        port = free_port()
+        aenv = {
+            "LLMLAB_ACCOUNTING_PORT": str(port),
+            "LLMLAB_ACCOUNTING_DATA_DIR": str(data_dir or self.workdir / "accounting"),
+            "LLMLAB_ACCOUNTING_DRAIN_TIMEOUT_S": "5",
+            **(env or {}),
+        }
+        return self._launch("accounting", "llmlab_accounting", aenv, [], port, "/ready", wait, timeout=60)
 
 
 def url(p: ManagedProcess) -> str:

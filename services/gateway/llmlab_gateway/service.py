@@ -307,7 +307,7 @@ class CompletionService:
     async def _route(self, ctx: CallContext) -> RouteReply:
         query = self.route_query(ctx)
         reply = await self.router.route(query)
-        if reply.error is not None and reply.error.code == "no_healthy_deployment":
+        if reply.error is not None and reply.error.code == "no_workers":
             # Just started: heartbeats may not have arrived yet. Wait out discovery once.
             await self.dispatcher.wait_discovery()
             reply = await self.router.route(query)

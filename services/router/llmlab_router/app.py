@@ -67,6 +67,10 @@ def create_app(settings: RouterSettings) -> FastAPI:
             reloader = asyncio.create_task(reload_loop(holder, settings.reload_interval_s, rm), name="catalog-reload")
             stack.push_async_callback(_cancel, reloader)
             state.checks["nats"] = lambda: nc.is_connected
+            started = asyncio.get_running_loop().time()
+            state.checks["workers_discovered"] = lambda: (
+                asyncio.get_running_loop().time() - started >= settings.discovery_grace_s
+            )
             app.state.core = core
             log.info(
                 "router up (namespace %s, catalog version %s, decisions -> %s)",

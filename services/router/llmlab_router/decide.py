@@ -14,7 +14,7 @@ _ERRORS: dict[str, tuple[int, str]] = {
     "context": (400, "context_length_exceeded"),
     "quality-floor": (422, "no_route"),
     "cost-cap": (422, "no_route"),
-    "healthy": (503, "no_healthy_deployment"),
+    "healthy": (503, "no_workers"),
 }
 
 

@@ -19,3 +19,5 @@ class RouterSettings(ServiceSettings):
     # The catalog file is checked this often; a changed file is reloaded if valid, else the last
     # good catalog stays (the error is logged and shown on /admin/catalog).
     reload_interval_s: float = Field(default=2.0, gt=0)
+    # Not ready until heartbeats have had time to arrive (else early requests see no workers).
+    discovery_grace_s: float = Field(default=2.0, ge=0)
