@@ -326,11 +326,16 @@ class CompletionService:
         queue_timeout = self._queue_timeout(ctx.principal)
         failures: list[str] = []
         previous: str | None = None
-        for attempt, target in enumerate(targets, 1):
+        attempt = 0
+        for target in targets:
             dep = self.catalog.deployment(target.deployment)
             if dep is None:  # the router knows a newer catalog than this gateway: skip, do not guess
                 failures.append(f"{target.deployment}: not in this gateway's catalog")
                 continue
+            if attempt > 0 and target.worker_id is None and self.dispatcher.live_workers(target.pool) == 0:
+                failures.append(f"{target.deployment}/pool: no live worker")
+                continue
+            attempt += 1
             if attempt == 1:
                 log.info("route: %s", reply.reason)
                 if isinstance(ctx.body, ChatCompletionRequest) and ctx.body.tools and not dep.supports_tools:

@@ -171,7 +171,9 @@ async def test_unknown_model_is_404() -> None:
 
 
 async def test_worker_lost_before_first_token_retries_as_next_attempt() -> None:
-    d = FakeDispatcher(workers=2, scripts=[[_started(1), WorkerLost(1, "w1")], [_started(2, "w2"), _tok(2, 1, "x"), _end(2, 2)]])
+    d = FakeDispatcher(
+        workers=2, scripts=[[_started(1), WorkerLost(1, "w1")], [_started(2, "w2"), _tok(2, 1, "x"), _end(2, 2)]]
+    )
     opened = await _service(d).open(_ctx())
     assert await _drain(opened) == ["x"]
     assert [r.attempt for r in d.dispatched] == [1, 2]
@@ -195,13 +197,24 @@ async def test_fallback_chain_is_bounded_and_never_repeats_a_target() -> None:
     assert d.dispatched[1].route and d.dispatched[1].route.fallback_from == "llama-8b-vllm"
 
 
-async def test_alias_falls_back_to_another_deployment() -> None:
-    # "auto" spans deployments: with one worker each, the second target is another deployment.
-    d = FakeDispatcher(scripts=[[_started(1), WorkerLost(1, "w")], [_started(2, "w2"), _tok(2, 1, "x"), _end(2, 2)]])
+async def test_single_worker_retries_through_its_pool_then_another_deployment() -> None:
+    # "auto" with one worker per deployment: chosen worker, then its pool (a worker started since
+    # the decision can take it), then the next deployment. A pool with no live worker is skipped.
+    lost = [[_started(1), WorkerLost(1, "w")], [_started(2, "w2"), _tok(2, 1, "x"), _end(2, 2)]]
+    d = FakeDispatcher(scripts=[list(x) for x in lost])
     opened = await _service(d).open(_ctx(model="auto"))
     assert await _drain(opened) == ["x"]
-    assert len({t.deployment for t in d.targets}) == 2
-    assert opened.attempts == 2 and opened.route is not None
+    first, second = d.targets
+    assert second.deployment == first.deployment and first.worker_id and second.worker_id is None
+
+    d = FakeDispatcher(scripts=[list(x) for x in lost])
+    svc = _service(d)
+    d.workers = 0  # the gateway sees the pool empty now (its worker died)
+    opened = await svc.open(_ctx(model="auto"))
+    assert await _drain(opened) == ["x"]
+    assert len({t.deployment for t in d.targets}) == 2 and opened.attempts == 2
+    assert d.dispatched[1].route and d.dispatched[1].route.position == 2
+    assert "no live worker" in d.dispatched[1].route.reason
 
 
 async def test_max_attempts_caps_the_chain() -> None:

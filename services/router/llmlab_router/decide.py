@@ -59,7 +59,11 @@ def decide(inp: DecisionInputs) -> Decision:
     picker = PICKERS[inp.picker]
     targets: list[Target] = []
     for d in ranked:
-        workers = picker.order(inp, d, rng)[: 1 + inp.replica_retries] or [None]
+        workers = picker.order(inp, d, rng)[: 1 + inp.replica_retries]
+        if len(workers) < 1 + inp.replica_retries:
+            # Fewer live workers than retries: the retry goes to the pool, so a worker that
+            # started after this decision (a restart, a scale-up) can still take it.
+            workers.append(None)
         for wid in workers:
             if len(targets) < inp.max_chain:
                 targets.append(Target(d.id, d.pool, wid))

@@ -193,7 +193,7 @@ def generate_requests(seed: int, spec: WorkloadSpec | None = None) -> list[EvalR
         diff = _difficulty(rng, spec.difficulty_mix)
         strict = spec.strict_floor if rng.random() < spec.share_strict else None
         tr = TraceRequest(
-            t=t,
+            t=round(t, 6),  # as the JSONL stores it: a saved set replays identically
             id=f"r{i:05d}",
             prompt_tokens=prompt,
             output_tokens=output,
@@ -498,7 +498,7 @@ def generate_prefix_requests(seed: int, spec: PrefixWorkloadSpec | None = None) 
         t += rng.expovariate(spec.rate_rps)
         g = rng.choices(range(spec.groups), weights)[0]
         tr = TraceRequest(
-            t=t,
+            t=round(t, 6),  # as the JSONL stores it: a saved set replays identically
             id=f"p{i:05d}",
             prompt_tokens=spec.prefix_tokens + rng.randint(50, 300),
             output_tokens=rng.randint(32, 200),
@@ -782,6 +782,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--requests", type=int, default=WorkloadSpec.requests)
     ap.add_argument("--rate", type=float, default=WorkloadSpec.rate_rps)
+    ap.add_argument("--prefix-requests", type=int, default=PrefixWorkloadSpec.requests, help="per picker run")
     ap.add_argument("--no-spread", action="store_true", help="skip the second request set (seed + 1)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -808,7 +809,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             p: {k: (min(res[p][k] or 0, res2[p][k] or 0), max(res[p][k] or 0, res2[p][k] or 0)) for k in keys}
             for p in res
         }
-    pspec = PrefixWorkloadSpec()
+    pspec = PrefixWorkloadSpec(requests=args.prefix_requests)
     pres: dict[str, dict[str, dict[str, Any]]] = {}
     for rate in PICKER_RATES:
         preqs = generate_prefix_requests(args.seed, replace(pspec, rate_rps=rate))
