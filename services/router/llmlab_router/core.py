@@ -115,14 +115,16 @@ class RouterCore:
             for hb in st.live_workers(d.pool, now):
                 w = st.worker(hb.worker_id)
                 pending = w.pending if w else 0
-                busy = max(hb.in_flight, int((hb.load.running or 0) + (hb.load.waiting or 0)))
+                waiting = int(hb.load.waiting or 0)
+                busy = max(hb.in_flight, int(hb.load.running or 0) + waiting) + pending
                 workers.append(
                     WorkerView(
                         hb.worker_id,
-                        busy + pending,
+                        busy,
                         hb.max_concurrency,
                         hb.load.kv_cache_usage,
                         home_match if hb.worker_id == home else 0,
+                        waiting + max(0, busy - hb.max_concurrency),
                     )
                 )
             deps.append(

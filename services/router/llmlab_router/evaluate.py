@@ -53,7 +53,6 @@ from llmlab_engine_sim.twin.trace import TraceRequest
 from llmlab_router.config import RouterCatalog, RoutingConfig, load_router_catalog
 from llmlab_router.core import RouterCore
 from llmlab_router.features import difficulty_class
-from llmlab_router.state import DeploymentStats
 
 log = logging.getLogger("llmlab_router.evaluate")
 
@@ -275,15 +274,10 @@ class RouterPick:
         """Completed requests' TTFT and ITL into the deployment's windowed p95 (what the router's
         AttemptEvent path records; written directly since the twin has no event bus)."""
         keep: list[tuple[TwinSeq, str]] = []
-        stats = self.core.state.stats
+        state = self.core.state
         for s, dep in self._inflight:
             if s.state is SeqState.DONE and s.finished_at is not None and s.finished_at <= self.now:
-                st = stats.setdefault(dep, DeploymentStats())
-                st.outcomes.append((s.finished_at, False))
-                if s.ttft is not None:
-                    st.ttft.add(s.finished_at, s.ttft)
-                if s.tpot is not None:
-                    st.itl.add(s.finished_at, s.tpot)
+                state.observe(dep, ok=True, now=s.finished_at, ttft_s=s.ttft, itl_s=s.tpot)
             elif s.state in (SeqState.WAITING, SeqState.PREFILL, SeqState.DECODE):
                 keep.append((s, dep))
         self._inflight = keep
@@ -600,6 +594,25 @@ def policies_markdown(res: dict[str, dict[str, Any]], spread: dict[str, dict[str
     return "\n".join(lines) + "\n"
 
 
+def actual_line(res: dict[str, dict[str, Any]]) -> str:
+    """Which policy is best on each column (generated, so it cannot go stale against the table)."""
+    cols = [
+        ("success_rate", "success", max),
+        ("quality", "quality", max),
+        ("e2e_p95_s", "p95 E2E", min),
+        ("ttft_p95_s", "TTFT p95", min),
+        ("mean_cost_usd", "mean cost", min),
+        ("slo_violation_rate", "SLO violations", min),
+    ]
+    parts = []
+    for key, name, best in cols:
+        vals = {p: m[key] for p, m in res.items() if m[key] is not None}
+        if vals:
+            b = best(vals.values())
+            parts.append(f"best {name}: {', '.join(p for p, v in vals.items() if v == b)} ({b:.4g})")
+    return "; ".join(parts) + "."
+
+
 def pickers_markdown(sweep: dict[str, dict[str, dict[str, Any]]]) -> str:
     lines = [
         "| rate req/s | picker | TTFT p95 s | TTFT p50 s | prefix-cache hit rate | requests per worker | "
@@ -724,15 +737,18 @@ Files: `requests.jsonl` (the request set, seed {seed}), `policies.{{md,json,png}
 
 ## Experiment 1: policies
 
-Hypothesis: cost-first is cheapest but loses quality on hard requests only where the difficulty
-floor is soft-relaxed; quality-first is best in quality but overloads the big deployment
-(latency, SLO violations); multi-objective trades between them.
+Hypothesis / expected: cost-first has the lowest quality and (with static) the lowest cost;
+quality-first the highest quality and cost, and it overloads the big deployment (latency, SLO
+violations); multi-objective sits between them; static cannot serve requests stating a floor above
+its one deployment's quality. Interpretation and next steps: `NOTE.md` (written by hand).
 Fixed: the request set ({n} requests, Poisson {rate} req/s, shared-prefix chats / long documents /
 short chats, difficulty spread, interactive and batch SLO classes, 5% stating quality >= 0.75),
 the cluster ({cluster}), heartbeats every {hb} s of virtual time, observed TTFT/ITL fed back.
 Changed: the routing policy (`RouteQuery.policy`, model `auto`).
 
 {policies_md}
+Actual (this run, generated): {actual}
+
 Definitions: success = routed, completed, and catalog quality of the chosen deployment >= the
 quality the request needed (difficulty floor of its class: easy 0, medium 0.3, hard 0.6; or its
 stated floor). Quality = mean catalog quality of chosen deployments. p95 latency = E2E p95 of
@@ -855,6 +871,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cluster=", ".join(f"{c.deployment} = {c.twin_model} on {c.device} x{c.workers}" for c in CLUSTER),
             hb=1.0,
             policies_md=pol_md,
+            actual=actual_line(res),
             pdep=PICKER_DEPLOYMENT,
             pworkers=PICKER_WORKERS,
             pblocks=PICKER_KV_BLOCKS,

@@ -8,6 +8,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
+def _flat(obj: Any) -> dict[str, Any]:
+    """A slots dataclass of scalars as a dict (much cheaper than ``asdict``'s deep copy)."""
+    return {name: getattr(obj, name) for name in obj.__slots__}
+
+
 @dataclass(slots=True)
 class WorkerView:
     worker_id: str
@@ -15,6 +20,7 @@ class WorkerView:
     max_concurrency: int
     kv_cache_usage: float | None = None
     prefix_match: int = 0  # how many of the request's leading blocks were last routed to this worker
+    queued: int = 0  # waiting in the engine, plus what the worker cannot start yet (beyond its slots)
 
     @property
     def load(self) -> float:
@@ -42,12 +48,14 @@ class DeploymentView:
     workers: list[WorkerView] = field(default_factory=list)
 
     # -- estimates every plug-in shares (the same numbers for a filter and a scorer) -------------
-    def min_load(self) -> float:
-        return min((w.load for w in self.workers), default=0.0)
+    def min_pressure(self) -> float:
+        return min((w.load + w.queued for w in self.workers), default=0.0)
 
     def est_ttft_s(self) -> float:
-        """TTFT p95 scaled by how busy the least-loaded worker is (a full worker doubles it)."""
-        return self.ttft_p95_s * (1.0 + self.min_load())
+        """TTFT p95 scaled by the least-pressed worker: a full worker doubles it, and each request
+        queued ahead adds about one more (it must be prefilled first). Observed p95s lag a queue
+        that is building; counting the queue keeps a filling deployment from looking fast."""
+        return self.ttft_p95_s * (1.0 + self.min_pressure())
 
     def est_e2e_s(self, output_tokens: int) -> float:
         return self.est_ttft_s() + max(0, output_tokens - 1) * self.itl_p95_s
@@ -93,7 +101,17 @@ class DecisionInputs:
     deployments: list[DeploymentView]
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = _flat(self)
+        out["constraints"] = _flat(self.constraints)
+        out["filters"] = list(self.filters)
+        out["weights"] = dict(self.weights)
+        deps = []
+        for d in self.deployments:
+            dd = _flat(d)
+            dd["workers"] = [_flat(w) for w in d.workers]
+            deps.append(dd)
+        out["deployments"] = deps
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> DecisionInputs:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -35,28 +36,53 @@ def make_record(inp: DecisionInputs, dec: Decision) -> dict[str, Any]:
 
 
 class DecisionLog:
-    """Append-only JSON lines; a size cap rotates to ``<file>.1`` so the log cannot fill the disk."""
+    """Append-only JSON lines written by a background thread (serialising a record costs more than
+    the decision itself); a size cap rotates to ``<file>.1`` so the log cannot fill the disk."""
 
     def __init__(self, path: str | Path, max_bytes: int = 256 * 1024 * 1024) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
-        self._lock = threading.Lock()
+        self._q: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=100_000)
         self._f: IO[str] = self.path.open("a", encoding="utf-8")
+        self.dropped = 0
+        self._thread = threading.Thread(target=self._run, name="decision-log", daemon=True)
+        self._thread.start()
 
     def write(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, separators=(",", ":")) + "\n"
-        with self._lock:
-            self._f.write(line)
-            self._f.flush()
-            if self._f.tell() > self.max_bytes:
-                self._f.close()
-                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-                self._f = self.path.open("a", encoding="utf-8")
+        try:
+            self._q.put_nowait(record)
+        except queue.Full:  # the disk cannot keep up: lose records, never block routing
+            self.dropped += 1
+            if self.dropped in (1, 1000) or self.dropped % 100_000 == 0:
+                log.error("decision log queue full: %d records dropped", self.dropped)
+
+    def flush(self) -> None:
+        """Wait until every record written so far is on disk (tests, shutdown)."""
+        self._q.join()
+
+    def _run(self) -> None:
+        while True:
+            rec = self._q.get()
+            try:
+                if rec is None:
+                    return
+                self._f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+                if self._q.empty():
+                    self._f.flush()
+                if self._f.tell() > self.max_bytes:
+                    self._f.close()
+                    os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+                    self._f = self.path.open("a", encoding="utf-8")
+            except Exception:
+                log.exception("could not write a decision record")
+            finally:
+                self._q.task_done()
 
     def close(self) -> None:
-        with self._lock:
-            self._f.close()
+        self._q.put(None)
+        self._thread.join(timeout=10)
+        self._f.close()
 
 
 def iter_records(path: str | Path) -> Iterator[dict[str, Any]]:

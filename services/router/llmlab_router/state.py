@@ -75,20 +75,24 @@ class LiveState:
         if ev.source != "worker" and ev.outcome not in _FAILED:
             return
         now = time.monotonic() if now is None else now
-        st = self.stats.setdefault(ev.deployment, DeploymentStats())
         if ev.outcome in _FAILED:
-            st.outcomes.append((now, True))
-            return
-        if ev.outcome != "completed":
-            return
-        st.outcomes.append((now, False))
-        t = ev.timings
-        if t is not None:
-            if t.ttft_s is not None:
-                st.ttft.add(now, t.ttft_s)
-            itl = t.itl_p95_s if t.itl_p95_s is not None else t.tpot_s
-            if itl is not None:
-                st.itl.add(now, itl)
+            self.observe(ev.deployment, ok=False, now=now)
+        elif ev.outcome == "completed":
+            t = ev.timings
+            ttft = t.ttft_s if t is not None else None
+            itl = (t.itl_p95_s if t.itl_p95_s is not None else t.tpot_s) if t is not None else None
+            self.observe(ev.deployment, ok=True, now=now, ttft_s=ttft, itl_s=itl)
+
+    def observe(
+        self, deployment: str, *, ok: bool, now: float, ttft_s: float | None = None, itl_s: float | None = None
+    ) -> None:
+        """One finished attempt of a deployment (events here; the twin's replay calls it directly)."""
+        st = self.stats.setdefault(deployment, DeploymentStats())
+        st.outcomes.append((now, not ok))
+        if ttft_s is not None:
+            st.ttft.add(now, ttft_s)
+        if itl_s is not None:
+            st.itl.add(now, itl_s)
 
     # -- reads -----------------------------------------------------------------------------------
     def live_workers(self, pool: str, now: float) -> list[Heartbeat]:

@@ -184,11 +184,18 @@ def run_virtual(
     cost_model: StepCostModel | Sequence[StepCostModel],
     setup: VirtualSetup,
     pick: Picker | None = None,
+    configs: Sequence[TwinConfig] | None = None,
 ) -> tuple[list[StepScheduler], list[TwinSeq], float]:
-    """Replay in virtual time; returns the workers, every request, and the time the last one ended."""
+    """Replay in virtual time; returns the workers, every request, and the time the last one ended.
+
+    ``configs``: one :class:`TwinConfig` per worker (workers of different models differ in KV
+    capacity); default ``setup.config`` for all. ``pick`` may return -1: the request is refused
+    before any worker (a router that finds no target), recorded as REJECTED with worker -1.
+    ``pick`` is consulted only with 2+ workers (one worker takes every request)."""
     n = setup.workers
     costs = list(cost_model) if isinstance(cost_model, Sequence) else [cost_model] * n
-    workers = [StepScheduler(setup.config, costs[i]) for i in range(n)]
+    cfgs = list(configs) if configs is not None else [setup.config] * n
+    workers = [StepScheduler(cfgs[i], costs[i]) for i in range(n)]
     pick = pick if pick is not None else PICKERS[setup.dispatch]()
     bs = setup.config.kv.block_size
     seqs: list[TwinSeq] = []
@@ -233,6 +240,10 @@ def run_virtual(
             seqs.append(s)
             k = pick(workers, s)
             s.worker = k
+            if k < 0:
+                s.state = SeqState.REJECTED
+                s.finish_reason = "no_route"
+                continue
             w = workers[k]
             w.add(s, t_arr)
             if w.step_end is None:
