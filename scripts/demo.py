@@ -103,7 +103,9 @@ def sdk_tour(base: str) -> None:
         ),
         (
             "no worker for the pool (SmolLM2 runs on real vLLM only in the tests)",
-            lambda: client.chat.completions.create(model="cheap", messages=[{"role": "user", "content": "x"}]),
+            lambda: client.chat.completions.create(
+                model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "x"}]
+            ),
         ),
         ("n=2", lambda: client.chat.completions.create(model="auto", n=2, messages=[{"role": "user", "content": "x"}])),
         (
@@ -121,6 +123,37 @@ def sdk_tour(base: str) -> None:
             call()
         except openai.APIStatusError as exc:
             say(f"  {label}: HTTP {exc.status_code} {json.dumps(exc.body)}")
+
+
+def routing_tour(base: str) -> None:
+    """Aliases carry a routing policy; the response names the deployment; the router logs why."""
+    client = openai.OpenAI(base_url=base + "/v1", api_key=api_key(), max_retries=0)
+    say("\n== 2. routing: one decision over model and replica (policy per alias, header per response)")
+    last = ""
+    for alias in ("auto", "fast", "cheap", "best"):
+        raw = client.chat.completions.with_raw_response.create(
+            model=alias, messages=[{"role": "user", "content": "Compare two sorting algorithms."}], max_tokens=8
+        )
+        h = raw.headers
+        last = h["x-request-id"]
+        say(f"  {alias:<5} -> {h['x-llmlab-deployment']:<18} (policy {h['x-llmlab-route-policy']})")
+    hard = client.chat.completions.with_raw_response.create(
+        model="auto",
+        messages=[{"role": "user", "content": "Hello"}],
+        max_tokens=8,
+        extra_headers={"x-llmlab-quality-floor": "0.7"},
+    )
+    say(f"  auto with x-llmlab-quality-floor: 0.7 -> {hard.headers['x-llmlab-deployment']}")
+    log_path = RUN_DIR / "router-decisions.jsonl"
+    if log_path.exists():
+        say(f"  python -m llmlab_router explain {last} --log {log_path}:")
+        out = subprocess.run(
+            [sys.executable, "-m", "llmlab_router", "explain", last, "--log", str(log_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        say("    " + (out.stdout or out.stderr).strip().replace("\n", "\n    "))
 
 
 def worker_phases() -> dict[str, dict[str, float]]:
@@ -154,7 +187,7 @@ def phase_means(before: dict[str, dict[str, float]], after: dict[str, dict[str, 
 
 
 def load_run(base: str, out_dir: Path, stamp: str) -> list[dict[str, Any]]:
-    say("\n== 2. load: " + ", ".join(f"{c} streams x {r} requests on {m}" for m, c, r, _ in LOAD))
+    say("\n== 3. load: " + ", ".join(f"{c} streams x {r} requests on {m}" for m, c, r, _ in LOAD))
     procs = []
     for model, conc, reqs, max_tokens in LOAD:
         out = out_dir / f"demo-{stamp}-{model.split('/')[-1]}.load.json"
@@ -314,11 +347,12 @@ def main() -> int:
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     t0 = time.monotonic()
     sdk_tour(args.gateway)
+    routing_tour(args.gateway)
     before = worker_phases()
     results = load_run(args.gateway, args.out, stamp)
     phases = phase_means(before, worker_phases())
     md = report(results, phases, args.out, stamp, started, time.monotonic() - t0)
-    say(f"\n== 3. report: {md} (+ .json, .png)")
+    say(f"\n== 4. report: {md} (+ .json, .png)")
     say(md.read_text().split("## Metadata")[0])
     say(f"The stack is still up: point any OpenAI client at {args.gateway}/v1 (key in {RUN_DIR / 'api-key'}).")
     say("`make down` stops it.")

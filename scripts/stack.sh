@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Run the whole stack as native processes (no Docker needed): two simulated engines (vLLM and
-# SGLang flavours), one worker per engine, the budget service, the gateway. `up` is idempotent; `down` drains them
-# with SIGTERM. Logs and pids under .run/. Ports can be changed with the variables below.
+# SGLang flavours), one worker per engine, the budget and accounting services, the router, the
+# gateway. `up` is idempotent; `down` drains them with SIGTERM. Logs and pids under .run/. Ports can be changed with the variables below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 RUN="${LLMLAB_RUN_DIR:-.run}"
 GATEWAY_PORT="${GATEWAY_PORT:-8080}"
 BUDGET_PORT="${BUDGET_PORT:-8085}"
+ACCOUNTING_PORT="${ACCOUNTING_PORT:-8086}"
+ROUTER_PORT="${ROUTER_PORT:-8087}"
 SIM_VLLM_PORT="${SIM_VLLM_PORT:-8001}"
 SIM_SGLANG_PORT="${SIM_SGLANG_PORT:-8002}"
 WORKER_VLLM_PORT="${WORKER_VLLM_PORT:-8091}"
@@ -56,14 +58,20 @@ up() {
   # ... and one with a 100-token daily budget, to show a refusal before any worker sees it.
   $PY -m llmlab_budget.bootstrap --tenant demo-tiny --plan free --key-file "$RUN/api-key-tiny" \
     --limit daily_tokens=100
+  # Accounting owns its chdb directory (one process per directory; a second one is refused).
+  start accounting "http://127.0.0.1:$ACCOUNTING_PORT/ready" LLMLAB_ACCOUNTING_PORT="$ACCOUNTING_PORT" \
+    LLMLAB_ACCOUNTING_DATA_DIR="$RUN/accounting/chdb" -- $PY -m llmlab_accounting
+  start router "http://127.0.0.1:$ROUTER_PORT/ready" LLMLAB_ROUTER_PORT="$ROUTER_PORT" \
+    LLMLAB_ROUTER_DECISION_LOG="$RUN/router-decisions.jsonl" -- $PY -m llmlab_router
   start gateway "http://127.0.0.1:$GATEWAY_PORT/ready" LLMLAB_GATEWAY_PORT="$GATEWAY_PORT" \
-    LLMLAB_GATEWAY_AUTH=budget -- $PY -m llmlab_gateway
+    LLMLAB_GATEWAY_AUTH=budget LLMLAB_GATEWAY_ROUTER=service \
+    LLMLAB_GATEWAY_DECISION_LOG="$RUN/gateway-decisions.jsonl" -- $PY -m llmlab_gateway
   log "up: gateway at http://127.0.0.1:$GATEWAY_PORT/v1 (API key in $RUN/api-key), budget admin API at" \
     "http://127.0.0.1:$BUDGET_PORT/admin/v1 (dev admin key sk-admin-dev), namespace $LLMLAB_NAMESPACE"
 }
 
 down() {
-  for name in gateway budget worker-vllm worker-sglang sim-vllm sim-sglang; do
+  for name in gateway router budget accounting worker-vllm worker-sglang sim-vllm sim-sglang; do
     if alive "$name"; then
       kill -TERM "$(cat "$RUN/$name.pid")"
       for _ in $(seq 1 100); do alive "$name" || break; sleep 0.1; done
@@ -75,7 +83,7 @@ down() {
 }
 
 status() {
-  for name in sim-vllm sim-sglang worker-vllm worker-sglang budget gateway; do
+  for name in sim-vllm sim-sglang worker-vllm worker-sglang budget accounting router gateway; do
     if alive "$name"; then echo "$name: running (pid $(cat "$RUN/$name.pid"))"; else echo "$name: stopped"; fi
   done
 }

@@ -48,6 +48,7 @@ def test_demo_runs_end_to_end_and_writes_its_report(tmp_path: Path) -> None:
         )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         assert "HTTP 404" in out.stdout and "HTTP 503" in out.stdout  # the error tour
+        assert "recomputed from the record: IDENTICAL" in out.stdout  # the routing tour's explain
         assert "HTTP 401" in out.stdout and "HTTP 429" in out.stdout and "insufficient_quota" in out.stdout
         reports = list((tmp_path / "results").glob("demo-*.md"))
         assert len(reports) == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -13,6 +14,7 @@ from llmlab_testkit.fixtures import DEV_KEY
 from llmlab_testkit.procs import Stack, url
 
 pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
 AUTH = {"Authorization": f"Bearer {DEV_KEY}"}
 HELLO = [{"role": "user", "content": "hello"}]
 
@@ -145,14 +147,20 @@ async def test_engine_rejection_is_a_client_error_not_5xx(stack: Stack) -> None:
 async def test_body_over_the_bus_limit_is_413_not_500(stack: Stack) -> None:
     # The gateway accepts 4 MiB bodies, but one NATS message is capped by the server's
     # max_payload (1 MiB by default): the request is refused cleanly before publishing.
+    # A deployment whose context fits 2 MB of prompt, so the router lets it through to the bus.
+    catalog = stack.workdir / "catalog.yaml"
+    catalog.write_text(
+        (REPO / "configs" / "catalog.yaml").read_text().replace("max_context: 8192", "max_context: 2000000")
+    )
+    env = {"LLMLAB_CATALOG_PATH": str(catalog)}
     sim = stack.sim("vllm", LLAMA)
-    stack.worker("vllm", "gpu-vllm", url(sim))
-    gw = stack.gateway()
+    stack.worker("vllm", "gpu-vllm", url(sim), env=env)
+    gw = stack.gateway(env=env)
     async with httpx.AsyncClient(timeout=10) as h:
         r = await h.post(
             url(gw) + "/v1/chat/completions",
             headers=AUTH,
-            json={"model": LLAMA, "messages": [{"role": "user", "content": "x" * 2_000_000}]},
+            json={"model": LLAMA, "messages": [{"role": "user", "content": "x" * 2_000_000}], "max_tokens": 8},
         )
     assert r.status_code == 413, r.text
     assert "max_payload" in r.json()["error"]["message"]

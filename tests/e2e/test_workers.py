@@ -46,14 +46,17 @@ async def test_worker_dying_before_first_token_is_retried_as_attempt_2(stack: St
     # A long prefill keeps the attempt before its first token while we kill the worker.
     sim = stack.sim("vllm", LLAMA, ttft_ms=1500, itl_ms=50, output_len=40)
     fast_redelivery = {"LLMLAB_WORKER_ACK_WAIT_S": "2"}
-    doomed = stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, env=fast_redelivery)
+    doomed = stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, env=fast_redelivery, worker_id="w-1")
     gw = stack.gateway(env={"LLMLAB_GATEWAY_GATEWAY_ID": "gwretry"})
     topo = Topology(stack.namespace)
     request_id: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     call = asyncio.create_task(_stream_chat(url(gw), request_id))
     await eventually(lambda: sim_stats(sim)["received"] == 1, what="attempt 1 on the engine")
     doomed.kill()  # SIGKILL: no drain, no ack, heartbeats stop
-    survivor = stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, env=fast_redelivery)
+    # The router addressed attempt 1 to w-1's own consumer; w-1 restarts under the same identity
+    # (a StatefulSet pod), takes attempt 2 through the pool (the chain's replica retry when the
+    # deployment had one worker) and finds attempt 1 redelivered on its own consumer.
+    survivor = stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, env=fast_redelivery, worker_id="w-1")
     # Headers arrive with attempt 2's first token; a forged late token of attempt 1 published
     # now must never reach the client.
     rid = await asyncio.wait_for(request_id, 20)
@@ -70,9 +73,12 @@ async def test_worker_dying_before_first_token_is_retried_as_attempt_2(stack: St
 
     # JetStream redelivers the unacked attempt 1 (attempt 2 had its own Nats-Msg-Id, so it was not
     # deduplicated). The survivor drops it without generating: as "stale" after asking the gateway,
-    # or as "cancelled" when it was already up to hear the gateway's cancel of attempt 1.
+    # as "cancelled" when it was already up to hear the gateway's cancel of attempt 1, or as
+    # "expired" when it only gets to it (busy with attempt 2) after its start deadline.
     def dropped() -> float:
-        return sum(metric(survivor, "llmlab_worker_attempts_total", outcome=o) for o in ("stale", "cancelled"))
+        return sum(
+            metric(survivor, "llmlab_worker_attempts_total", outcome=o) for o in ("stale", "cancelled", "expired")
+        )
 
     await eventually(lambda: dropped() == 1, timeout=15, what="redelivered attempt 1 dropped")
     assert metric(survivor, "llmlab_worker_attempts_total", outcome="completed") == 1

@@ -332,10 +332,12 @@ class CompletionService:
             if dep is None:  # the router knows a newer catalog than this gateway: skip, do not guess
                 failures.append(f"{target.deployment}: not in this gateway's catalog")
                 continue
-            if attempt > 0 and target.worker_id is None and self.dispatcher.live_workers(target.pool) == 0:
-                failures.append(f"{target.deployment}/pool: no live worker")
-                continue
             attempt += 1
+            wait = queue_timeout
+            if attempt > 1 and target.worker_id is None and self.dispatcher.live_workers(target.pool) == 0:
+                # A fallback to a pool whose workers are gone: wait briefly for a replacement (a
+                # restart), then move on to the next target instead of sitting out the queue timeout.
+                wait = min(queue_timeout, self.settings.empty_pool_wait_s)
             if attempt == 1:
                 log.info("route: %s", reply.reason)
                 if isinstance(ctx.body, ChatCompletionRequest) and ctx.body.tools and not dep.supports_tools:
@@ -348,9 +350,9 @@ class CompletionService:
                 fallback_from=previous,
                 slo_class=reply.slo_class,
             )
-            req = self._build(ctx, dep, info, attempt, queue_timeout)
+            req = self._build(ctx, dep, info, attempt, wait)
             handle = await self.dispatcher.dispatch(req, target)
-            opened, err = await self._await_first_token(ctx, req, dep, handle, queue_timeout)
+            opened, err = await self._await_first_token(ctx, req, dep, handle, wait)
             if opened is not None:
                 opened.attempts = attempt
                 opened.route = reply
@@ -377,9 +379,16 @@ class CompletionService:
         msg = await handle.next(queue_timeout)
         if msg is None:
             # Nobody took it in time: tell workers to drop it if they take it later (its start
-            # deadline says the same), and answer 429 so the client backs off.
+            # deadline says the same). A first choice answers 429 so the client backs off; a
+            # fallback gives way to the next target of the chain.
             self.dispatcher.cancel(req.request_id, req.attempt, "queue_timeout")
             self._gateway_attempt_event(ctx, req, route_dep, "abandoned", None, "queue wait exceeded")
+            if req.attempt > 1:
+                err = EngineError(
+                    f"attempt {req.attempt}: no worker took it in {queue_timeout:.1f}s", code="queue_timeout"
+                )
+                err.retryable = True
+                return None, err
             raise RateLimited(
                 f"No capacity for '{route_dep.model}' within {queue_timeout:.1f}s (all workers busy); retry later.",
                 retry_after_s=queue_timeout,

@@ -35,7 +35,10 @@ class GatewaySettings(ServiceSettings):
     # A stream with no message for this long is broken (workers send in-progress heartbeats).
     stream_idle_timeout_s: float = 120.0
     request_timeout_s: float = 600.0
+    # Bound on the targets of a router chain tried for one request (the catalog's max_chain also bounds it).
     max_attempts: int = Field(default=3, ge=1, le=5)
+    # A fallback to a pool with no live worker waits this long for one (a restart) before the next target.
+    empty_pool_wait_s: float = Field(default=3.0, gt=0)
     # "service": ask the router service over NATS (falls back to deciding here when it does not
     # answer within router_timeout_s); "embedded": decide in this process with the same router core.
     router: Literal["service", "embedded"] = "service"

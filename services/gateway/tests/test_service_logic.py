@@ -26,12 +26,12 @@ from llmlab_common.messages import (
 )
 from llmlab_common.settings import DEFAULT_CATALOG
 from llmlab_gateway.routing import EmbeddedRouter
-from llmlab_router.config import load_router_catalog
-from llmlab_router.core import RouterCore
-from llmlab_router.state import LiveState
 from llmlab_gateway.schemas import ChatCompletionRequest
 from llmlab_gateway.service import AttemptMessage, CallContext, CompletionService, WorkerLost
 from llmlab_gateway.settings import GatewaySettings
+from llmlab_router.config import load_router_catalog
+from llmlab_router.core import RouterCore
+from llmlab_router.state import LiveState
 
 pytestmark = pytest.mark.unit
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -199,7 +199,7 @@ async def test_fallback_chain_is_bounded_and_never_repeats_a_target() -> None:
 
 async def test_single_worker_retries_through_its_pool_then_another_deployment() -> None:
     # "auto" with one worker per deployment: chosen worker, then its pool (a worker started since
-    # the decision can take it), then the next deployment. A pool with no live worker is skipped.
+    # the decision can take it), then the next deployment.
     lost = [[_started(1), WorkerLost(1, "w")], [_started(2, "w2"), _tok(2, 1, "x"), _end(2, 2)]]
     d = FakeDispatcher(scripts=[list(x) for x in lost])
     opened = await _service(d).open(_ctx(model="auto"))
@@ -207,14 +207,14 @@ async def test_single_worker_retries_through_its_pool_then_another_deployment() 
     first, second = d.targets
     assert second.deployment == first.deployment and first.worker_id and second.worker_id is None
 
-    d = FakeDispatcher(scripts=[list(x) for x in lost])
-    svc = _service(d)
-    d.workers = 0  # the gateway sees the pool empty now (its worker died)
-    opened = await svc.open(_ctx(model="auto"))
-    assert await _drain(opened) == ["x"]
-    assert len({t.deployment for t in d.targets}) == 2 and opened.attempts == 2
-    assert d.dispatched[1].route and d.dispatched[1].route.position == 2
-    assert "no live worker" in d.dispatched[1].route.reason
+    # The pool's worker is gone and none replaces it: after a short wait, the next deployment.
+    ok = [_started(3, "w3"), _tok(3, 1, "y"), _end(3, 2)]
+    d = FakeDispatcher(scripts=[[_started(1), WorkerLost(1, "w")], [None], ok])
+    opened = await _service(d).open(_ctx(model="auto"))
+    assert await _drain(opened) == ["y"]
+    assert len({t.deployment for t in d.targets}) == 2 and opened.attempts == 3
+    assert [e.outcome for e in d.attempt_events] == ["worker_lost", "abandoned"]
+    assert d.dispatched[2].route and d.dispatched[2].route.fallback_from == d.targets[0].deployment
 
 
 async def test_max_attempts_caps_the_chain() -> None:
