@@ -147,11 +147,12 @@ async def test_engine_rejection_is_a_client_error_not_5xx(stack: Stack) -> None:
 async def test_body_over_the_bus_limit_is_413_not_500(stack: Stack) -> None:
     # The gateway accepts 4 MiB bodies, but one NATS message is capped by the server's
     # max_payload (1 MiB by default): the request is refused cleanly before publishing.
-    # A deployment whose context fits 2 MB of prompt, so the router lets it through to the bus.
+    # A deployment whose context (and the plan's cost cap) fits 2 MB of prompt, so the router lets
+    # it through to the bus.
+    text = (REPO / "configs" / "catalog.yaml").read_text()
+    text = text.replace("max_context: 8192", "max_context: 2000000").replace("cost_cap_usd: 0.10", "cost_cap_usd: 10")
     catalog = stack.workdir / "catalog.yaml"
-    catalog.write_text(
-        (REPO / "configs" / "catalog.yaml").read_text().replace("max_context: 8192", "max_context: 2000000")
-    )
+    catalog.write_text(text)
     env = {"LLMLAB_CATALOG_PATH": str(catalog)}
     sim = stack.sim("vllm", LLAMA)
     stack.worker("vllm", "gpu-vllm", url(sim), env=env)

@@ -80,7 +80,8 @@ async def test_worker_dying_before_first_token_is_retried_as_attempt_2(stack: St
             metric(survivor, "llmlab_worker_attempts_total", outcome=o) for o in ("stale", "cancelled", "expired")
         )
 
-    await eventually(lambda: dropped() == 1, timeout=15, what="redelivered attempt 1 dropped")
+    # (at-least-once: a redelivery can arrive twice; each copy is dropped, none generated)
+    await eventually(lambda: dropped() >= 1, timeout=15, what="redelivered attempt 1 dropped")
     assert metric(survivor, "llmlab_worker_attempts_total", outcome="completed") == 1
     assert sim_stats(sim)["received"] == 2
 
