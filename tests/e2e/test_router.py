@@ -83,11 +83,15 @@ async def test_choice_under_each_policy_through_the_router_service(stack: Stack)
     # A stricter quality floor asked by the request removes llama (0.62) and smollm (0.10).
     r = await chat(gw, **{"x-llmlab-quality-floor": "0.7"})
     assert r.headers["x-llmlab-deployment"] == "qwen3-32b-sglang"
+    # The request's SLO class changes the weights: batch traffic cares little about latency
+    # (multi-objective's slo_weights), so the better, slower model wins.
+    r = await chat(gw, **{"x-llmlab-slo-class": "batch"})
+    assert r.headers["x-llmlab-deployment"] == "qwen3-32b-sglang"
     # Aliases carry their policy.
     assert (await chat(gw, "cheap")).headers["x-llmlab-deployment"] == "smollm2-cpu"
     assert (await chat(gw, "best")).headers["x-llmlab-deployment"] == "qwen3-32b-sglang"
     # The engines that answered are the ones chosen.
-    assert sim_stats(sims["qwen3-32b-sglang"])["received"] == 3
+    assert sim_stats(sims["qwen3-32b-sglang"])["received"] == 4
     assert sim_stats(sims["smollm2-cpu"])["received"] == 2
     # Hints that ask for the impossible are the client's error, in OpenAI's shape.
     r = await chat(gw, **{"x-llmlab-quality-floor": "0.95"})
@@ -96,10 +100,12 @@ async def test_choice_under_each_policy_through_the_router_service(stack: Stack)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_route_policy"
     r = await chat(gw, **{"x-llmlab-quality-floor": "high"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_header"
+    r = await chat(gw, **{"x-llmlab-slo-class": "whenever"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_slo_class"
     # Every decision was made by the router service (none degraded to the gateway), the refused
-    # one included; the two malformed requests never reached a decision.
+    # one included; the three malformed requests never reached a decision.
     log_path = router.decision_log  # type: ignore[attr-defined]
-    await eventually(lambda: len(log_path.read_text().splitlines()) == 9, what="9 records")  # written off-path
+    await eventually(lambda: len(log_path.read_text().splitlines()) == 10, what="10 records")  # written off-path
     decisions = [json.loads(line) for line in log_path.read_text().splitlines()]
     assert decisions[-1]["decision"]["targets"] == [] and decisions[-1]["decision"]["error_status"] == 422
 
