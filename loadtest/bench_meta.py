@@ -6,12 +6,17 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import importlib.metadata
+import json
+import logging
 import platform
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[1]
 SIMULATED_NOTE = (
@@ -119,3 +124,25 @@ def metadata_block(
         out["simulated_note"] = SIMULATED_NOTE
     out.update(extra)
     return out
+
+
+def write_outputs(
+    doc: dict[str, Any],
+    out_dir: Path,
+    started: dt.datetime,
+    prefix: str,
+    markdown: Callable[[dict[str, Any]], str],
+    plot: Callable[[dict[str, Any], Path], None],
+) -> dict[str, Path]:
+    """``<out_dir>/<prefix>-<UTC>.{json,md,png}``; a failed plot leaves the JSON and Markdown."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ts = started.strftime("%Y%m%dT%H%M%SZ")
+    paths = {ext: out_dir / f"{prefix}-{ts}.{ext}" for ext in ("json", "md", "png")}
+    paths["json"].write_text(json.dumps(doc, indent=1))
+    paths["md"].write_text(markdown(doc))
+    try:
+        plot(doc, paths["png"])
+    except Exception:
+        log.exception("plot failed (the JSON and Markdown are written)")
+        paths.pop("png")
+    return paths

@@ -66,7 +66,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_meta import dist_version, metadata_block  # noqa: E402
+from bench_meta import dist_version, metadata_block, write_outputs  # noqa: E402
 from llmlab_budget.directory import Directory  # noqa: E402
 from llmlab_budget.layout import Layout  # noqa: E402
 from llmlab_budget.ledger import Ledger  # noqa: E402
@@ -1233,20 +1233,6 @@ def render_plot(doc: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(doc: dict[str, Any], out_dir: Path, started: dt.datetime) -> dict[str, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ts = started.strftime("%Y%m%dT%H%M%SZ")
-    paths = {ext: out_dir / f"budget-{ts}.{ext}" for ext in ("json", "md", "png")}
-    paths["json"].write_text(json.dumps(doc, indent=1))
-    paths["md"].write_text(render_markdown(doc))
-    try:
-        render_plot(doc, paths["png"])
-    except Exception:
-        log.exception("plot failed (the JSON and Markdown are written)")
-        paths.pop("png")
-    return paths
-
-
 def report_lines(doc: dict[str, Any], paths: dict[str, Path]) -> list[str]:
     out = ["", f"Budget benchmark ({LABEL}): mean of repeats (spread)"]
     out.append(
@@ -1285,7 +1271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         bench.close()
-    paths = write_outputs(doc, cfg.out, started)
+    paths = write_outputs(doc, cfg.out, started, "budget", render_markdown, render_plot)
     for line in report_lines(doc, paths):
         print(line)  # noqa: T201
     log.info("done in %.0f s", time.monotonic() - t_start)

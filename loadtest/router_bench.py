@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import gc
-import json
 import logging
 import os
 import random
@@ -47,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from bench_meta import metadata_block
+from bench_meta import metadata_block, write_outputs
 from llmlab_common.messages import EngineLoad, Heartbeat, RouteQuery, RouteReply
 from llmlab_common.natsio import connect
 from llmlab_common.subjects import Topology
@@ -489,20 +488,6 @@ def render_plot(doc: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(doc: dict[str, Any], out_dir: Path, started: dt.datetime) -> dict[str, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ts = started.strftime("%Y%m%dT%H%M%SZ")
-    paths = {ext: out_dir / f"router-{ts}.{ext}" for ext in ("json", "md", "png")}
-    paths["json"].write_text(json.dumps(doc, indent=1))
-    paths["md"].write_text(render_markdown(doc))
-    try:
-        render_plot(doc, paths["png"])
-    except Exception:
-        log.exception("plot failed (the JSON and Markdown are written)")
-        paths.pop("png")
-    return paths
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--catalog", default=str(REPO / "configs" / "catalog.yaml"))
@@ -567,7 +552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for part, row in doc["nats"]["summary"].items():
             log.info("NATS %-14s p50 %.3f p99 %.3f ms", part, row["p50_ms"]["worst"], row["p99_ms"]["worst"])
-    paths = write_outputs(doc, args.out, started)
+    paths = write_outputs(doc, args.out, started, "router", render_markdown, render_plot)
     for s in inprocess["summary"]:
         log.info(
             "%-16s %-6s p50 %.3f p95 %.3f p99 %.3f ms (spread %.3f) %s; on-CPU p50 %.3f p99 %.3f",

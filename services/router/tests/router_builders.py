@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmlab_common.messages import Heartbeat
 from llmlab_router.model import Constraints, DecisionInputs, DeploymentView, WorkerView
 
 
@@ -71,3 +72,17 @@ def inputs(deps: list[DeploymentView], **kw: Any) -> DecisionInputs:
     }
     base.update(kw)
     return DecisionInputs(**base)
+
+
+def heartbeat(wid: str, pool: str = "gpu-vllm", in_flight: int = 0, interval: float = 1.0, slots: int = 8) -> Heartbeat:
+    return Heartbeat(
+        worker_id=wid,
+        pool=pool,
+        engine="vllm",
+        models=[],
+        max_concurrency=slots,
+        in_flight=in_flight,
+        ready=True,
+        interval_s=interval,
+        sent_at=0.0,
+    )

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
-from llmlab_common.messages import Heartbeat, RouteQuery
+from llmlab_common.messages import RouteQuery
 from llmlab_common.settings import DEFAULT_CATALOG
 from llmlab_router.__main__ import main
 from llmlab_router.config import load_router_catalog
 from llmlab_router.core import RouterCore
 from llmlab_router.records import DecisionLog, find_record, iter_records, replay
+from router_builders import heartbeat
 
 pytestmark = pytest.mark.unit
 
@@ -21,19 +21,7 @@ def test_every_logged_decision_replays_identically(tmp_path: Path, capsys: pytes
     dlog = DecisionLog(log_path)
     core = RouterCore(load_router_catalog(DEFAULT_CATALOG), decision_log=dlog)
     for i, pool in enumerate(["gpu-vllm", "gpu-vllm", "gpu-sglang", "cpu-vllm"]):
-        core.state.on_heartbeat(
-            Heartbeat(
-                worker_id=f"w{i}",
-                pool=pool,
-                engine="vllm",
-                models=[],
-                max_concurrency=4,
-                in_flight=i,
-                ready=True,
-                interval_s=60,
-                sent_at=time.time(),
-            )
-        )
+        core.state.on_heartbeat(heartbeat(f"w{i}", pool, in_flight=i, interval=60, slots=4))
     policies = [None, "static", "cost-first", "quality-first", "latency-first", "cache-aware"]
     for i in range(12):
         q = RouteQuery(

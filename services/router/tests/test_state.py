@@ -3,30 +3,15 @@ replaces priors after enough samples, failures mark a deployment, the affinity t
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from llmlab_common.messages import AttemptEvent, Heartbeat, Principal, RouteQuery, Timings
+from llmlab_common.messages import AttemptEvent, Principal, RouteQuery, Timings
 from llmlab_common.settings import DEFAULT_CATALOG
 from llmlab_router.config import load_router_catalog
 from llmlab_router.core import RouterCore
 from llmlab_router.state import LiveState
+from router_builders import heartbeat as hb
 
 pytestmark = pytest.mark.unit
-
-
-def hb(wid: str, pool: str = "gpu-vllm", in_flight: int = 0, interval: float = 1.0) -> Heartbeat:
-    return Heartbeat(
-        worker_id=wid,
-        pool=pool,
-        engine="vllm",
-        models=[],
-        max_concurrency=8,
-        in_flight=in_flight,
-        ready=True,
-        interval_s=interval,
-        sent_at=time.time(),
-    )
 
 
 def done(dep: str, ttft: float, outcome: str = "completed") -> AttemptEvent:
