@@ -1,0 +1,57 @@
+"""``python -m llmlab_experiments [--quick] [--only NAME ...] [--out results]``: run the tutorial's
+experiments; ``--quick`` is the CI-sized version (same code, smaller sweeps), the default is the full one.
+
+Each experiment is a module of this package with ``NAME`` and ``run(out: Path, quick: bool, command: str) -> Path``,
+listed in :data:`EXPERIMENTS` (order = run order)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from llmlab_experiments.note import REPO, command_line
+
+log = logging.getLogger("llmlab_experiments")
+
+# module names in run order; each module defines NAME and run(out, quick, command)
+EXPERIMENTS: list[str] = []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ap = argparse.ArgumentParser(prog="python -m llmlab_experiments", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="CI-sized sweeps")
+    ap.add_argument("--only", nargs="*", default=None, help="module names to run (default: all)")
+    ap.add_argument("--out", type=Path, default=REPO / "results")
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args(argv)
+    if args.list:
+        sys.stdout.write("\n".join(EXPERIMENTS) + "\n")
+        return 0
+    command = command_line(argv)
+    failed = []
+    for name in EXPERIMENTS:
+        if args.only and name not in args.only:
+            continue
+        t0 = time.monotonic()
+        log.info("experiment %s: running%s", name, " (quick)" if args.quick else "")
+        try:
+            mod = importlib.import_module(f"llmlab_experiments.{name}")
+            out = mod.run(args.out, args.quick, command)
+        except Exception:
+            log.exception("experiment %s failed", name)
+            failed.append(name)
+            continue
+        log.info("experiment %s: wrote %s in %.1fs", name, out, time.monotonic() - t0)
+    if failed:
+        log.error("failed: %s", ", ".join(failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
