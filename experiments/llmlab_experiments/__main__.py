@@ -19,7 +19,17 @@ from llmlab_experiments.note import REPO, command_line
 log = logging.getLogger("llmlab_experiments")
 
 # module names in run order; each module defines NAME and run(out, quick, command)
-EXPERIMENTS: list[str] = []
+EXPERIMENTS: list[str] = [
+    "pipeline_search",  # §2 pipeline A: raise memory/batch limits until p95 breaks the SLO, back off (twin)
+    "engines",  # §2.2 vLLM vs SGLang, concurrency 1/8/32/128 x five workloads (twin; real columns unverified)
+    "kv_blocks",  # §3.2 block size vs waste and block reuse (twin)
+    "kv_traffic",  # §3.3 three traffic shapes (twin)
+    "kv_eviction",  # §3.4 eviction policies incl. the tutorial's weighted score (twin)
+    "quantization",  # §4 BF16/FP8/AWQ/GPTQ on the twin + the §4.3 selection rule
+    "speculative",  # §5 draft/target pairs, k 1/3/5/8 (twin; acceptance rate an assumed input)
+    "real_caching_batching",  # before/after on real vLLM-on-CPU through the stack: prefix caching, batching
+    "real_quant_quality",  # bf16 SmolLM2 on vLLM-CPU vs its Q4_1 GGUF on llama.cpp (xllamacpp), 3 layers
+]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
