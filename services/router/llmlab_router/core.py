@@ -112,11 +112,12 @@ class RouterCore:
                 itl = stats.itl.p95(now, routing.stats_window_s, routing.min_samples)
                 fail_rate, fail_n = stats.failure_rate(now, routing.stats_window_s)
             workers = []
-            for hb in st.live_workers(d.pool, now):
-                w = st.worker(hb.worker_id)
-                pending = w.pending if w else 0
+            hbs, pendings = st.live_entries(d.pool, now)
+            for hb, pending in zip(hbs, pendings, strict=True):
                 waiting = int(hb.load.waiting or 0)
-                busy = max(hb.in_flight, int(hb.load.running or 0) + waiting) + pending
+                running = int(hb.load.running or 0) + waiting
+                busy = (hb.in_flight if hb.in_flight > running else running) + pending
+                over = busy - hb.max_concurrency
                 workers.append(
                     WorkerView(
                         hb.worker_id,
@@ -124,7 +125,7 @@ class RouterCore:
                         hb.max_concurrency,
                         hb.load.kv_cache_usage,
                         home_match if hb.worker_id == home else 0,
-                        waiting + max(0, busy - hb.max_concurrency),
+                        waiting + over if over > 0 else waiting,
                     )
                 )
             deps.append(
@@ -184,7 +185,10 @@ class RouterCore:
             first = dec.targets[0]
             self.state.commit(first.deployment, first.worker_id, q.prefix_hashes)
         if self.log is not None:
-            self.log.write(make_record(inp, dec))
+            # Inputs and decision are fresh objects nobody mutates after this: the writer thread
+            # serialises them, off the decision path.
+            at = time.time()
+            self.log.write(lambda: make_record(inp, dec, at))
         log.info("route %s: %s", q.request_id, dec.reason)
         reply = RouteReply(
             request_id=q.request_id,

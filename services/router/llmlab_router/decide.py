@@ -59,6 +59,8 @@ def decide(inp: DecisionInputs) -> Decision:
     picker = PICKERS[inp.picker]
     targets: list[Target] = []
     for d in ranked:
+        if len(targets) >= inp.max_chain:
+            break
         workers = picker.order(inp, d, rng)[: 1 + inp.replica_retries]
         if len(workers) < 1 + inp.replica_retries:
             # Fewer live workers than retries: the retry goes to the pool, so a worker that

@@ -46,10 +46,15 @@ class DeploymentView:
     failure_samples: int = 0
     rr_cursor: int = 0  # round-robin position (router state, logged so the choice replays)
     workers: list[WorkerView] = field(default_factory=list)
+    # load + queued of the least-pressed worker; derived from ``workers`` (computed once, not logged)
+    pressure: float = field(default=0.0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.pressure = min((w.load + w.queued for w in self.workers), default=0.0)
 
     # -- estimates every plug-in shares (the same numbers for a filter and a scorer) -------------
     def min_pressure(self) -> float:
-        return min((w.load + w.queued for w in self.workers), default=0.0)
+        return self.pressure
 
     def est_ttft_s(self) -> float:
         """TTFT p95 scaled by the least-pressed worker: a full worker doubles it, and each request
@@ -108,6 +113,7 @@ class DecisionInputs:
         deps = []
         for d in self.deployments:
             dd = _flat(d)
+            del dd["pressure"]
             dd["workers"] = [_flat(w) for w in d.workers]
             deps.append(dd)
         out["deployments"] = deps

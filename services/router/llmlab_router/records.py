@@ -12,7 +12,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -23,10 +23,10 @@ log = logging.getLogger(__name__)
 RECORD_VERSION = 1
 
 
-def make_record(inp: DecisionInputs, dec: Decision) -> dict[str, Any]:
+def make_record(inp: DecisionInputs, dec: Decision, at: float | None = None) -> dict[str, Any]:
     return {
         "record_version": RECORD_VERSION,
-        "at": round(time.time(), 6),
+        "at": round(time.time() if at is None else at, 6),
         "request_id": inp.request_id,
         "policy": inp.policy,
         "policy_version": inp.policy_version,
@@ -43,13 +43,14 @@ class DecisionLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
-        self._q: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=100_000)
+        self._q: queue.Queue[dict[str, Any] | Callable[[], dict[str, Any]] | None] = queue.Queue(maxsize=100_000)
         self._f: IO[str] = self.path.open("a", encoding="utf-8")
         self.dropped = 0
         self._thread = threading.Thread(target=self._run, name="decision-log", daemon=True)
         self._thread.start()
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any] | Callable[[], dict[str, Any]]) -> None:
+        """Queue a record, or a function that builds it (built on the writer thread, off the decision path)."""
         try:
             self._q.put_nowait(record)
         except queue.Full:  # the disk cannot keep up: lose records, never block routing
@@ -67,6 +68,8 @@ class DecisionLog:
             try:
                 if rec is None:
                     return
+                if callable(rec):
+                    rec = rec()
                 self._f.write(json.dumps(rec, separators=(",", ":")) + "\n")
                 if self._q.empty():
                     self._f.flush()

@@ -60,6 +60,7 @@ class DeploymentStats:
 class LiveState:
     def __init__(self, affinity_capacity: int = 200_000) -> None:
         self.workers: dict[str, _Worker] = {}
+        self._by_pool: dict[str, dict[str, _Worker]] = {}
         self.stats: dict[str, DeploymentStats] = {}
         self.rr: dict[str, int] = {}
         # block hash -> worker id last sent it (LRU-bounded: memory stays flat under unique prompts)
@@ -69,7 +70,12 @@ class LiveState:
     # -- inputs ----------------------------------------------------------------------------------
     def on_heartbeat(self, hb: Heartbeat, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        self.workers[hb.worker_id] = _Worker(hb, now + HEARTBEAT_MISSES * hb.interval_s)
+        w = _Worker(hb, now + HEARTBEAT_MISSES * hb.interval_s)
+        old = self.workers.get(hb.worker_id)
+        if old is not None and old.hb.pool != hb.pool:
+            self._by_pool.get(old.hb.pool, {}).pop(hb.worker_id, None)
+        self.workers[hb.worker_id] = w
+        self._by_pool.setdefault(hb.pool, {})[hb.worker_id] = w
 
     def on_attempt(self, ev: AttemptEvent, now: float | None = None) -> None:
         if ev.source != "worker" and ev.outcome not in _FAILED:
@@ -96,11 +102,16 @@ class LiveState:
 
     # -- reads -----------------------------------------------------------------------------------
     def live_workers(self, pool: str, now: float) -> list[Heartbeat]:
-        return [
-            w.hb
-            for w in self.workers.values()
-            if w.hb.pool == pool and w.expires_at > now and w.hb.ready and not w.hb.draining
-        ]
+        return self.live_entries(pool, now)[0]
+
+    def live_entries(self, pool: str, now: float) -> tuple[list[Heartbeat], list[int]]:
+        """Live, ready workers of a pool with what this router sent each since its heartbeat."""
+        hbs, pending = [], []
+        for w in self._by_pool.get(pool, {}).values():
+            if w.expires_at > now and w.hb.ready and not w.hb.draining:
+                hbs.append(w.hb)
+                pending.append(w.pending)
+        return hbs, pending
 
     def worker(self, worker_id: str) -> _Worker | None:
         return self.workers.get(worker_id)
@@ -131,4 +142,5 @@ class LiveState:
 
     def prune(self, now: float) -> None:
         for wid in [w for w, s in self.workers.items() if s.expires_at < now - 60]:
-            del self.workers[wid]
+            gone = self.workers.pop(wid)
+            self._by_pool.get(gone.hb.pool, {}).pop(wid, None)
