@@ -10,7 +10,8 @@ TEST_MARKERS ?= not gpu
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-vllm infra test test-unit test-e2e lint format up down status demo bench gpu-smoke \
+.PHONY: help install install-vllm infra test test-unit test-e2e lint format up down status demo bench report costmodel router-eval \
+        experiments experiments-quick gpu-smoke \
         compose-up compose-down clean
 
 help: ## list the targets
@@ -44,7 +45,8 @@ lint: install ## ruff (lint + format check) and mypy
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy libs/common/llmlab_common libs/worker/llmlab_worker services/gateway/llmlab_gateway \
 	  services/worker-vllm/llmlab_worker_vllm services/worker-sglang/llmlab_worker_sglang \
-	  services/engine-sim/llmlab_engine_sim loadtest
+	  services/engine-sim/llmlab_engine_sim services/budget/llmlab_budget services/router/llmlab_router \
+	  services/accounting/llmlab_accounting experiments/llmlab_experiments loadtest
 
 format: install ## apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .
@@ -62,9 +64,26 @@ status: ## which native processes run
 demo: up ## the main job: stack on the simulator, streaming requests via the openai SDK, a load run, the report
 	$(PY) scripts/demo.py
 
-bench: install infra ## relay benchmark: stack vs simulator called directly, 1/100/1000 streams -> results/relay-*
+bench: install infra ## benchmarks -> results/: relay (stack vs simulator), budget, router decision + NATS round trip, accounting ingest
 	$(PY) loadtest/relay_bench.py
 	$(PY) loadtest/budget_bench.py
+	$(PY) loadtest/router_bench.py
+	$(PY) loadtest/accounting_bench.py
+
+report: install ## accounting reports: reports/sql/*.sql -> reports/out/ tables + PNG plots (via the service on :8086, else its chdb dir)
+	$(PY) -m llmlab_accounting.report
+
+costmodel: install ## §11 cost model: engine-twin throughput sweeps, scenario table and plot -> results/costmodel
+	$(PY) -m llmlab_accounting.costmodel_cli --scenarios configs/costmodel.yaml --out results/costmodel --run-twin
+
+router-eval: install ## router policies + replica pickers replayed in the engine twin (SIMULATED) -> results/router-eval
+	$(PY) -m llmlab_router.evaluate --out results/router-eval --seed 7
+
+experiments: install infra install-vllm ## the tutorial's experiments, full size (twin + real vLLM-on-CPU) -> results/<experiment>/
+	$(PY) -m llmlab_experiments --out results
+
+experiments-quick: install infra install-vllm ## the CI-sized experiments (same code, smaller sweeps) -> results/tmp/experiments/
+	$(PY) -m llmlab_experiments --quick --out results/tmp/experiments
 
 gpu-smoke: ## on a GPU host with vllm and sglang installed: real engines behind the workers (unverified here)
 	bash scripts/gpu-smoke.sh

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import LLAMA, client, eventually, sim_stats
+from helpers import LLAMA, client, eventually, metric, sim_stats
 from llmlab_common.natsio import connect
 from llmlab_common.subjects import Topology
 from llmlab_testkit.budget import DEV_ADMIN_KEY, BudgetAdmin
@@ -67,7 +67,9 @@ async def test_attempts_and_requests_rows_with_hand_calculated_costs(stack: Stac
     # A long prefill keeps attempt 1 before its first token while we kill its worker.
     sim = stack.sim("vllm", LLAMA, ttft_ms=4000, itl_ms=20, output_len=8)
     fast_redelivery = {"LLMLAB_WORKER_ACK_WAIT_S": "2"}
-    doomed = stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, env=fast_redelivery)
+    # Two one-slot workers up front: whichever takes attempt 1 is killed, the other answers the
+    # retry (no process start inside the kill window, which a loaded machine could stretch).
+    workers = [stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, env=fast_redelivery) for _ in range(2)]
     admin = BudgetAdmin(url(stack.budget()))
     gw = stack.gateway(auth="budget")
     acc = stack.accounting(
@@ -85,10 +87,12 @@ async def test_attempts_and_requests_rows_with_hand_calculated_costs(stack: Stac
     rid: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     call = asyncio.create_task(stream_chat(url(gw), rid, p.api_key))
     await eventually(lambda: sim_stats(sim)["received"] == 1, what="attempt 1 on the engine")
-    # The survivor is up before the kill (its one slot is free: attempt 1 is held by the doomed
-    # worker), so the retry finds a ready worker at once.
-    stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, env=fast_redelivery)
-    doomed.kill()
+
+    def busy() -> list[ManagedProcess]:
+        return [w for w in workers if metric(w, "llmlab_worker_in_flight_requests") == 1]
+
+    await eventually(lambda: len(busy()) == 1, what="the worker holding attempt 1")
+    busy()[0].kill()  # SIGKILL before the first token: no drain, no ack, heartbeats stop
     status, _text, _finish = await call
     retried = rid.result()
     assert status == 200

@@ -1,0 +1,482 @@
+"""Accounting ingest benchmark: events/s sustained from the NATS events stream into chdb through
+the real accounting service, and how long an event takes to become queryable (visibility).
+
+    python loadtest/accounting_bench.py                  # 20,000 events/s for 20 s, 2 repeats
+    python loadtest/accounting_bench.py --rate 30000 --duration 30 --repeats 3
+    python loadtest/accounting_bench.py --quick          # a few seconds (smoke)
+
+What is measured, per repeat (fresh namespace, fresh chdb directory):
+
+* One accounting service process (``python -m llmlab_accounting``) with its durable consumer on
+  ``<NS>_EVENTS``: fetch → validate (pydantic) → map to a row (catalog, charging rule, SLO) →
+  insert a batch into chdb (JSONEachRow) in a worker thread → ack every message.
+* A separate publisher process puts completed ``AttemptEvent``s (about 700 bytes of JSON, unique
+  request ids) on ``<ns>.evt.attempt`` with core NATS publishes at ``--rate`` for ``--duration``
+  seconds, in 10 ms slices, recording when each slice went out. JetStream stores them; the
+  publisher does not wait for PubAcks (that would measure the publisher, not accounting).
+* The bench process asks the service every ``--sample-s`` seconds for
+  ``SELECT count() FROM attempts_raw`` through ``POST /admin/v1/query`` (what a user sees).
+  Visibility of a sample = sample time − publish time of the newest event it counts (events go
+  in stream order), so it includes up to one sample interval of polling delay.
+
+Sustained rate = events / (time all were visible − first publish). The target: >= 20,000
+events/s sustained with visibility <= 5 s. The machine is shared (2 cores, other work running):
+CPU use of the service process and of the whole machine is reported beside the figures.
+Writes ``results/accounting-<UTC ts>.{json,md,png}``. A MISS does not fail the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import logging
+import multiprocessing as mp
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from bench_meta import dist_version, metadata_block  # noqa: E402
+from llmlab_common.messages import AttemptEvent, Principal, Timings, Usage  # noqa: E402
+from llmlab_common.natsio import connect, delete_streams, ensure_streams  # noqa: E402
+from llmlab_common.subjects import Topology  # noqa: E402
+
+log = logging.getLogger("accounting_bench")
+LABEL = "REAL accounting service, real NATS JetStream and chdb on this CPU; synthetic events"
+TARGET_RATE = 20_000
+TARGET_VISIBILITY_S = 5.0
+NATS_URL = os.environ.get("LLMLAB_NATS_URL", "nats://127.0.0.1:4222")
+ADMIN_KEY = "sk-admin-dev"
+
+
+@dataclass
+class Config:
+    rate: int
+    duration: float
+    repeats: int
+    sample_s: float
+    batch_rows: int
+    flush_interval_s: float
+    fetch_batch: int
+    decode_processes: int
+    out: Path
+    command: str
+
+
+def event_template() -> str:
+    """One completed attempt as the worker publishes it, with ``@RID@`` for the request id."""
+    now = time.time()
+    ev = AttemptEvent(
+        request_id="@RID@",
+        attempt=1,
+        outcome="completed",
+        source="worker",
+        worker_id="bench-worker-1",
+        pool="gpu-vllm",
+        deployment="llama-8b-vllm",
+        model="meta-llama/Llama-3.1-8B-Instruct",
+        engine="vllm",
+        endpoint="chat",
+        principal=Principal(tenant_id="bench", team_id="bench", user_id="bench", key_id="bench", plan="pro"),
+        finish_reason="stop",
+        usage=Usage(prompt_tokens=412, completion_tokens=128, total_tokens=540, cached_tokens=256),
+        timings=Timings(
+            nats_queue_s=0.004,
+            ttft_s=0.21,
+            prefill_s=0.2,
+            decode_s=2.5,
+            e2e_s=2.75,
+            itl_p50_s=0.019,
+            itl_p95_s=0.031,
+            tpot_s=0.0197,
+        ),
+        created_at=now,
+        ended_at=now,
+    )
+    return ev.model_dump_json()
+
+
+def _publisher(ns: str, rate: int, duration: float, start_at: float, out: Any) -> None:
+    """Separate process: publish ``rate × duration`` events in 10 ms slices from ``start_at``."""
+
+    async def run() -> list[tuple[int, float]]:
+        topo = Topology(ns)
+        nc = await connect(NATS_URL, "accounting-bench-publisher")
+        tpl = event_template()
+        head, tail = tpl.split("@RID@")
+        total = int(rate * duration)
+        per_slice = max(1, rate // 100)
+        progress: list[tuple[int, float]] = []
+        sent = 0
+        while time.time() < start_at:
+            await asyncio.sleep(0.001)
+        t0 = time.monotonic()
+        wall0 = time.time()
+        while sent < total:
+            due = t0 + (sent / rate)
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            n = min(per_slice, total - sent)
+            for i in range(sent, sent + n):
+                await nc.publish(topo.attempt_event_subject, f"{head}b{i:09d}{tail}".encode())
+            sent += n
+            await nc.flush()
+            progress.append((sent, wall0 + (time.monotonic() - t0)))
+        await nc.close()
+        return progress
+
+    out.put(asyncio.run(run()))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def count_visible(client: httpx.Client) -> int:
+    r = client.post("/admin/v1/query", json={"sql": "SELECT count() FROM attempts_raw"})
+    r.raise_for_status()
+    return int(r.json()["rows"][0][0])
+
+
+def one_run(cfg: Config, rep: int) -> dict[str, Any]:
+    ns = f"bench{os.getpid() % 10000}r{rep}{int(time.time()) % 100000}"
+    topo = Topology(ns)
+    data_dir = Path(tempfile.mkdtemp(prefix="llmlab-accounting-bench-"))
+    port = free_port()
+
+    async def setup() -> None:
+        nc = await connect(NATS_URL, "accounting-bench")
+        await ensure_streams(nc.jetstream(), topo)
+        await nc.close()
+
+    async def teardown() -> None:
+        nc = await connect(NATS_URL, "accounting-bench")
+        await delete_streams(nc.jetstream(), topo)
+        await nc.close()
+
+    asyncio.run(setup())
+    env = {
+        **os.environ,
+        "LLMLAB_NAMESPACE": ns,
+        "LLMLAB_LOG_LEVEL": "WARNING",
+        "LLMLAB_ACCOUNTING_PORT": str(port),
+        "LLMLAB_ACCOUNTING_DATA_DIR": str(data_dir / "chdb"),
+        "LLMLAB_ACCOUNTING_BATCH_ROWS": str(cfg.batch_rows),
+        "LLMLAB_ACCOUNTING_FLUSH_INTERVAL_S": str(cfg.flush_interval_s),
+        "LLMLAB_ACCOUNTING_FETCH_BATCH": str(cfg.fetch_batch),
+        "LLMLAB_ACCOUNTING_DECODE_PROCESSES": str(cfg.decode_processes),
+        "LLMLAB_ACCOUNTING_ATTRIBUTION_PERIOD_S": "3600",
+    }
+    svc = subprocess.Popen(
+        [sys.executable, "-m", "llmlab_accounting"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    client = httpx.Client(
+        base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if client.get("/ready").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if svc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    "accounting service did not start: " + (svc.stderr.read().decode()[-2000:] if svc.stderr else "")
+                )
+            time.sleep(0.1)
+        proc = psutil.Process(svc.pid)
+        total = int(cfg.rate * cfg.duration)
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        start_at = time.time() + 2.0
+        pub = ctx.Process(target=_publisher, args=(ns, cfg.rate, cfg.duration, start_at, q))
+        pub.start()
+        while time.time() < start_at:
+            time.sleep(0.01)
+        cpu0 = proc.cpu_times()
+        psutil.cpu_percent(None)
+        samples: list[tuple[float, int]] = []
+        timeout_at = time.time() + cfg.duration + 120
+        while True:
+            time.sleep(cfg.sample_s)
+            t = time.time()
+            c = count_visible(client)
+            samples.append((t, c))
+            if c >= total or t > timeout_at:
+                break
+        cpu1 = proc.cpu_times()
+        machine_cpu = psutil.cpu_percent(None)
+        progress: list[tuple[int, float]] = q.get(timeout=60)
+        pub.join(30)
+        dedup = client.post(
+            "/admin/v1/query", json={"sql": "SELECT count(), uniqExact(request_id, attempt) FROM attempts"}
+        ).json()["rows"][0]
+    finally:
+        client.close()
+        svc.terminate()
+        try:
+            svc.wait(30)
+        except subprocess.TimeoutExpired:
+            svc.kill()
+        asyncio.run(teardown())
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+    first_pub = progress[0][1]
+    last_pub = progress[-1][1]
+
+    def pub_time(n: int) -> float:
+        for sent, t in progress:  # slices in order; the slice that contains event n
+            if sent >= n:
+                return t
+        return last_pub
+
+    lags = [t - pub_time(c) for t, c in samples if c > 0]
+    all_visible = next((t for t, c in samples if c >= total), None)
+    elapsed = (all_visible - first_pub) if all_visible else None
+    # Steady state: the slope of the visible count between 20 % and 80 % of the events.
+    lo = next((s for s in samples if s[1] >= 0.2 * total), None)
+    hi = next((s for s in samples if s[1] >= 0.8 * total), None)
+    slope = (hi[1] - lo[1]) / (hi[0] - lo[0]) if lo and hi and hi[0] > lo[0] else None
+    svc_cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    window = samples[-1][0] - first_pub
+    return {
+        "repeat": rep,
+        "events": total,
+        "visible_events": samples[-1][1],
+        "view_count_and_uniq": dedup,
+        "publish_rate_achieved": total / max(last_pub - first_pub, 1e-9),
+        "sustained_events_per_s": total / elapsed if elapsed else None,
+        "steady_events_per_s_20_80": slope,
+        "visibility_s_p50": statistics.median(lags) if lags else None,
+        "visibility_s_p95": sorted(lags)[int(0.95 * (len(lags) - 1))] if lags else None,
+        "visibility_s_max": max(lags) if lags else None,
+        "service_cpu_cores": svc_cpu_s / window if window > 0 else None,
+        "machine_cpu_percent": machine_cpu,
+        "samples": [(round(t - first_pub, 3), c) for t, c in samples],
+        "published": [(n, round(t - first_pub, 3)) for n, t in progress[:: max(1, len(progress) // 200)]],
+    }
+
+
+def spread(vals: list[float | None]) -> dict[str, float | None]:
+    xs = [v for v in vals if v is not None]
+    if not xs:
+        return {"mean": None, "min": None, "max": None, "spread": None}
+    return {"mean": statistics.fmean(xs), "min": min(xs), "max": max(xs), "spread": max(xs) - min(xs)}
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = (
+        "sustained_events_per_s",
+        "steady_events_per_s_20_80",
+        "publish_rate_achieved",
+        "visibility_s_p50",
+        "visibility_s_p95",
+        "visibility_s_max",
+        "service_cpu_cores",
+        "machine_cpu_percent",
+    )
+    s: dict[str, Any] = {k: spread([r[k] for r in runs]) for k in keys}
+    worst_rate = min((r["sustained_events_per_s"] or 0) for r in runs)
+    worst_vis = max((r["visibility_s_max"] or float("inf")) for r in runs)
+    s["target"] = (
+        f">= {TARGET_RATE:,} events/s sustained into chdb with visibility <= {TARGET_VISIBILITY_S:g} s (worst repeat)"
+    )
+    s["result"] = "MET" if worst_rate >= TARGET_RATE and worst_vis <= TARGET_VISIBILITY_S else "MISS"
+    s["worst_sustained_events_per_s"] = worst_rate
+    s["worst_visibility_s_max"] = worst_vis
+    s["exactly_once"] = all(r["view_count_and_uniq"][0] == r["view_count_and_uniq"][1] == r["events"] for r in runs)
+    return s
+
+
+def _f(v: float | None, nd: int = 0) -> str:
+    return "n/a" if v is None else f"{v:,.{nd}f}"
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    m, s = doc["metadata"], doc["summary"]
+    lines = [
+        f"# Accounting ingest benchmark {m['date']}",
+        "",
+        f"> {LABEL}. {m['what_is_measured']}",
+        "",
+        f"Command: `{m['command_line']}`  ",
+        f"Commit `{m['git_commit'][:12]}`{' (dirty working tree)' if m['git_dirty'] else ''}; {m['cpu']}; "
+        f"{m['ram']} RAM; chdb {m['chdb_version']}; clickhouse-connect {m['clickhouse_connect_version']}; "
+        f"{m['repeats']} repeats of {m['publish_seconds_per_repeat']:g} s publishing at {m['rate_events_per_s']:,} "
+        f"events/s offered ({m['duration']} in all).",
+        "",
+        f"**{s['result']}**: {s['target']}. Worst repeat: {_f(s['worst_sustained_events_per_s'])} events/s, "
+        f"visibility max {_f(s['worst_visibility_s_max'], 2)} s; one row per attempt: {s['exactly_once']}.",
+        "",
+        "| figure | mean | min | max | spread |",
+        "|---|---|---|---|---|",
+    ]
+    for k in (
+        "sustained_events_per_s",
+        "steady_events_per_s_20_80",
+        "publish_rate_achieved",
+        "visibility_s_p50",
+        "visibility_s_p95",
+        "visibility_s_max",
+        "service_cpu_cores",
+        "machine_cpu_percent",
+    ):
+        v = s[k]
+        nd = 2 if "visibility" in k or "cpu" in k else 0
+        lines.append(f"| {k} | {_f(v['mean'], nd)} | {_f(v['min'], nd)} | {_f(v['max'], nd)} | {_f(v['spread'], nd)} |")
+    lines += ["", "## Metadata", ""] + [f"- **{k}**: {v}" for k, v in m.items() if k != "what_is_measured"]
+    return "\n".join(lines) + "\n"
+
+
+def render_plot(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for r in doc["runs"]:
+        ax.plot([p[1] for p in r["published"]], [p[0] for p in r["published"]], "--", label=f"published #{r['repeat']}")
+        ax.plot([s[0] for s in r["samples"]], [s[1] for s in r["samples"]], label=f"visible in chdb #{r['repeat']}")
+    ax.set_xlabel("seconds since the first publish")
+    ax.set_ylabel("events")
+    ax.set_title(f"Accounting ingest {doc['metadata']['date']} — {doc['summary']['result']}", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def parse_args(argv: Sequence[str] | None) -> Config:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rate", type=int, default=TARGET_RATE, help="events/s offered")
+    p.add_argument("--duration", type=float, default=20.0, help="seconds of publishing per repeat")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--sample-s", type=float, default=0.25)
+    p.add_argument("--batch-rows", type=int, default=20_000)
+    p.add_argument("--flush-interval-s", type=float, default=1.0)
+    p.add_argument("--fetch-batch", type=int, default=2_000)
+    p.add_argument("--decode-processes", type=int, default=0, help="the service's decode worker processes")
+    p.add_argument("--quick", action="store_true", help="2,000 events/s for 3 s, 1 repeat")
+    p.add_argument("--out", type=Path, default=REPO / "results")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.rate, a.duration, a.repeats = 2000, 3.0, 1
+    cmd = " ".join(shlex.quote(x) for x in [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])
+    return Config(
+        a.rate,
+        a.duration,
+        a.repeats,
+        a.sample_s,
+        a.batch_rows,
+        a.flush_interval_s,
+        a.fetch_batch,
+        a.decode_processes,
+        a.out,
+        cmd,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    cfg = parse_args(argv)
+    started = dt.datetime.now(dt.UTC)
+    t0 = time.monotonic()
+    runs = []
+    for rep in range(1, cfg.repeats + 1):
+        log.info("repeat %d: %d events/s for %.0f s", rep, cfg.rate, cfg.duration)
+        r = one_run(cfg, rep)
+        log.info(
+            "repeat %d: sustained %s events/s, visibility p50 %s s max %s s",
+            rep,
+            _f(r["sustained_events_per_s"]),
+            _f(r["visibility_s_p50"], 2),
+            _f(r["visibility_s_max"], 2),
+        )
+        runs.append(r)
+    meta = metadata_block(
+        started=started,
+        duration_s=time.monotonic() - t0,
+        engine="n/a (no inference engine: the accounting service's NATS → chdb ingest path)",
+        model_id="n/a (synthetic AttemptEvents of meta-llama/Llama-3.1-8B-Instruct; no model runs)",
+        concurrency=f"one publisher process at {cfg.rate:,} events/s in 10 ms slices; one accounting process",
+        warmup="none (the service starts empty; its first batch is part of the measurement)",
+        prompt_dataset="n/a (no prompts)",
+        input_length_distribution="n/a (events carry constant usage: 412 prompt / 128 completion tokens)",
+        output_length_distribution="n/a",
+        sampling_parameters="n/a (no generation)",
+        command=cfg.command,
+        simulated=False,
+        model_revision="n/a (no model)",
+        engine_version="n/a (no engine)",
+        gpu="n/a (CPU-only benchmark; no GPU involved)",
+        label=LABEL,
+        simulated_note="not simulated: " + LABEL,
+        what_is_measured=(
+            "Sustained = events / (all visible − first publish); visibility = count() sample time − publish "
+            f"time of the newest counted event (sampled every {cfg.sample_s:g} s through the service's query "
+            "endpoint)."
+        ),
+        rate_events_per_s=cfg.rate,
+        publish_seconds_per_repeat=cfg.duration,
+        repeats=cfg.repeats,
+        service_settings={
+            "batch_rows": cfg.batch_rows,
+            "flush_interval_s": cfg.flush_interval_s,
+            "fetch_batch": cfg.fetch_batch,
+            "decode_processes": cfg.decode_processes,
+        },
+        chdb_version=dist_version("chdb"),
+        clickhouse_connect_version=dist_version("clickhouse-connect"),
+        nats_py_version=dist_version("nats-py"),
+        event_bytes=len(event_template()),
+    )
+    doc = {"metadata": meta, "summary": summarise(runs), "runs": runs}
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    ts = started.strftime("%Y%m%dT%H%M%SZ")
+    paths = {ext: cfg.out / f"accounting-{ts}.{ext}" for ext in ("json", "md", "png")}
+    paths["json"].write_text(json.dumps(doc, indent=1))
+    paths["md"].write_text(render_markdown(doc))
+    try:
+        render_plot(doc, paths["png"])
+    except Exception:
+        log.exception("plot failed")
+    s = doc["summary"]
+    log.info(
+        "%s: sustained %s events/s (spread %s), visibility max %s s; wrote %s",
+        s["result"],
+        _f(s["sustained_events_per_s"]["mean"]),
+        _f(s["sustained_events_per_s"]["spread"]),
+        _f(s["worst_visibility_s_max"], 2),
+        ", ".join(str(p) for p in paths.values()),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

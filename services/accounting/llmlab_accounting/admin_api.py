@@ -1,0 +1,88 @@
+"""Read-only SQL over the store, for users of the embedded mode (chdb: only this process may open
+the directory). Admin-authenticated (the SHA-256 of the admin key is configured, never the key)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import re
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request, Security
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from llmlab_common.errors import AuthenticationFailed, InvalidRequest, LLMLabError
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmlab_accounting.settings import AccountingSettings
+from llmlab_accounting.store import ClickHouseStore
+
+log = logging.getLogger(__name__)
+
+_COMMENTS = re.compile(r"--[^\n]*|/\*.*?\*/", re.S)
+_READ_STATEMENT = re.compile(r"^\s*(SELECT|WITH)\b", re.I)
+
+
+class QueryRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sql: str = Field(min_length=1, max_length=100_000)
+    # ClickHouse server-side parameters: ``{name:Type}`` placeholders in the SQL.
+    parameters: dict[str, Any] | None = None
+
+
+class QueryResponse(BaseModel):
+    columns: list[str]
+    types: list[str]
+    rows: list[list[Any]]
+
+
+def check_read_only(sql: str) -> str:
+    """One SELECT (or WITH ... SELECT) statement. ClickHouse's ``readonly=1`` is the real guard;
+    this check gives a clear 400 instead of a server error."""
+    body = _COMMENTS.sub(" ", sql).strip().rstrip(";").strip()
+    if ";" in body:
+        raise InvalidRequest("Send one statement per query.", code="multiple_statements")
+    if not _READ_STATEMENT.match(body):
+        raise InvalidRequest("Only SELECT queries are allowed.", code="read_only")
+    return body
+
+
+def admin_router(store: ClickHouseStore, settings: AccountingSettings) -> APIRouter:
+    router = APIRouter()
+    bearer = HTTPBearer(auto_error=False, description="Admin key")
+    root_digest = settings.admin_key_sha256.lower().encode()
+
+    async def authenticate(creds: HTTPAuthorizationCredentials | None = Security(bearer)) -> None:
+        if creds is None or not creds.credentials:
+            raise AuthenticationFailed("Missing admin key: send 'Authorization: Bearer <admin key>'.")
+        digest = hashlib.sha256(creds.credentials.encode()).hexdigest().encode()
+        if not hmac.compare_digest(digest, root_digest):
+            raise AuthenticationFailed("Invalid admin key.")
+
+    @router.post("/query", response_model=QueryResponse)
+    async def query(body: QueryRequest, _: None = Security(authenticate)) -> JSONResponse:
+        sql = check_read_only(body.sql)
+        try:
+            result = await asyncio.to_thread(
+                store.query,
+                sql,
+                body.parameters,
+                readonly=True,
+                max_rows=settings.query_max_rows,
+                timeout_s=settings.query_timeout_s,
+            )
+        except Exception as exc:  # ClickHouse's own message (syntax, unknown column, readonly)
+            raise InvalidRequest(str(exc).strip()[:2000], code="query_failed") from exc
+        log.info("admin query: %d rows", len(result.rows))
+        return JSONResponse(jsonable_encoder({"columns": result.columns, "types": result.types, "rows": result.rows}))
+
+    return router
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(LLMLabError)
+    async def _on_error(request: Request, exc: LLMLabError) -> JSONResponse:
+        return JSONResponse(exc.to_openai(), status_code=exc.status, headers=exc.headers)

@@ -1,0 +1,70 @@
+"""Accounting service process: the events consumer (NATS) → ClickHouse (chdb or a server), the
+GPU-time attribution loop, and a read-only admin query endpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from llmlab_common.catalog import load_catalog
+from llmlab_common.metrics import Metrics
+from llmlab_common.natsio import connect, ensure_streams
+from llmlab_common.runtime import ServiceState, ops_router
+from llmlab_common.subjects import Topology
+
+from llmlab_accounting.admin_api import admin_router, install_error_handlers
+from llmlab_accounting.decode import Decoder
+from llmlab_accounting.metrics import AccountingMetrics
+from llmlab_accounting.service import AccountingService
+from llmlab_accounting.settings import AccountingSettings
+from llmlab_accounting.store import ClickHouseStore
+from llmlab_accounting.transport import AccountingTransport
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: AccountingSettings) -> FastAPI:
+    metrics = Metrics("llmlab")
+    am = AccountingMetrics(metrics)
+    state = ServiceState()
+    catalog = load_catalog(settings.infra.catalog_path)
+    # Opened here, not in the lifespan: a second process on the same chdb directory fails at
+    # once (StoreLocked) instead of after binding its port.
+    store = ClickHouseStore.open(settings.store_dsn, settings.data_dir)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            stack.callback(store.close)
+            store.ensure_schema()
+            service = AccountingService(store, catalog, am, settings.prefill_weight)
+            topo = Topology(settings.infra.namespace)
+            nc = await connect(settings.infra.nats_url, "accounting")
+            stack.push_async_callback(nc.drain)
+            js = nc.jetstream()
+            await ensure_streams(js, topo)
+            decoder = Decoder(catalog, settings.infra.catalog_path, settings.decode_processes)
+            stack.callback(decoder.close)
+            transport = AccountingTransport(nc, js, topo, service, settings, decoder)
+            await transport.start()
+            stack.push_async_callback(transport.stop)
+            app.state.service = service
+            app.state.transport = transport
+            state.checks["nats"] = lambda: nc.is_connected
+            where = "a ClickHouse server" if settings.store_dsn else f"chdb at {settings.data_dir}"
+            log.info("accounting up on %s:%d (namespace %s, %s)", settings.host, settings.port, topo.namespace, where)
+            yield
+
+    app = FastAPI(
+        title="llm-inference-lab accounting service",
+        description="Cost events in ClickHouse; read-only SQL for reports.",
+        lifespan=lifespan,
+    )
+    app.state.service_state = state
+    install_error_handlers(app)
+    app.include_router(ops_router(state, metrics))
+    app.include_router(admin_router(store, settings), prefix="/admin/v1")
+    return app

@@ -1,0 +1,164 @@
+"""Accounting application logic: insert batches of rows, run GPU-time attribution, export gauges.
+
+Blocking (ClickHouse) methods are called from the transport through ``asyncio.to_thread``.
+Imports neither NATS nor FastAPI.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import orjson
+from llmlab_common.catalog import Catalog
+
+from llmlab_accounting.attribution import Span, WorkerPeriod, attribute
+from llmlab_accounting.domain import AttemptRow, RequestRow
+from llmlab_accounting.metrics import AccountingMetrics
+from llmlab_accounting.store import (
+    ATTEMPTS_TABLE,
+    ATTRIBUTION_TABLE,
+    PERIODS_TABLE,
+    REQUESTS_TABLE,
+    ClickHouseStore,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Batch:
+    """Rows as JSONEachRow lines (see :mod:`llmlab_accounting.decode`)."""
+
+    attempts: list[bytes] = field(default_factory=list)
+    requests: list[bytes] = field(default_factory=list)
+    ended_at: list[float] = field(default_factory=list)  # a sample, for the ingest-lag histogram
+
+    @classmethod
+    def of(cls, attempts: list[AttemptRow], requests: list[RequestRow] | None = None) -> Batch:
+        return cls(
+            [orjson.dumps(r) for r in attempts],
+            [orjson.dumps(r) for r in requests or []],
+            [r["ended_at"] for r in attempts[-50:]],
+        )
+
+    def __len__(self) -> int:
+        return len(self.attempts) + len(self.requests)
+
+
+class AccountingService:
+    def __init__(
+        self, store: ClickHouseStore, catalog: Catalog, metrics: AccountingMetrics, prefill_weight: float = 1.0
+    ) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.m = metrics
+        self.prefill_weight = prefill_weight
+        self._models = {d.model for d in catalog.deployments}
+
+    # -- ingest ------------------------------------------------------------------------------------
+    def insert(self, batch: Batch) -> None:
+        """Blocking. Both tables dedup by key (ReplacingMergeTree), so re-inserting a batch after a
+        crash or a failed ack is harmless."""
+        t0 = time.perf_counter()
+        self.store.insert_json(ATTEMPTS_TABLE, batch.attempts)
+        self.store.insert_json(REQUESTS_TABLE, batch.requests)
+        self.m.insert_seconds.observe(time.perf_counter() - t0)
+        self.m.batches.inc()
+        self.m.batch_rows.observe(len(batch))
+        now = time.time()
+        for ended_at in batch.ended_at:
+            self.m.ingest_lag.observe(max(0.0, now - ended_at))
+
+    # -- attribution -------------------------------------------------------------------------------
+    def spans(self, t0: float, t1: float) -> list[Span]:
+        rows = self.store.query(
+            """
+            SELECT worker_id, request_id, attempt, deployment, model, gpu_usd_per_hour,
+                   toFloat64(started_at), engine_queue_s, ttft_s, decode_s, e2e_s,
+                   prompt_tokens + completion_tokens
+            FROM attempts
+            WHERE worker_id IS NOT NULL AND started_at IS NOT NULL
+              AND started_at < {t1:Float64} AND ended_at >= {t0:Float64}
+            """,
+            {"t0": t0, "t1": t1},
+        ).rows
+        return [Span.from_timings(*r) for r in rows]
+
+    def attribute_period(self, t0: float, t1: float) -> list[WorkerPeriod]:
+        """Blocking: attribute [t0, t1) and write its rows (a re-run replaces them)."""
+        periods = attribute(self.spans(t0, t1), t0, t1, self.prefill_weight)
+        now = time.time()
+        lines: list[bytes] = []
+        plines: list[bytes] = []
+        for wp in periods:
+            for c in wp.attempts:
+                lines.append(
+                    json.dumps(
+                        {
+                            "period_start": t0,
+                            "worker_id": c.worker_id,
+                            "request_id": c.request_id,
+                            "attempt": c.attempt,
+                            "deployment": c.deployment,
+                            "model": c.model,
+                            "busy_s": c.busy_s,
+                            "busy_usd": c.busy_usd,
+                            "idle_usd": c.idle_usd,
+                            "gpu_cost_usd": c.total_usd,
+                            "computed_at": now,
+                        }
+                    ).encode()
+                )
+            plines.append(
+                json.dumps(
+                    {
+                        "period_start": t0,
+                        "period_s": wp.period_s,
+                        "worker_id": wp.worker_id,
+                        "deployment": wp.deployment,
+                        "model": wp.model,
+                        "usd_per_hour": wp.usd_per_hour,
+                        "busy_s": wp.busy_s,
+                        "period_usd": wp.period_usd,
+                        "attributed_usd": wp.attributed_usd,
+                        "attempts": len(wp.attempts),
+                        "computed_at": now,
+                    }
+                ).encode()
+            )
+        self.store.insert_json(ATTRIBUTION_TABLE, lines)
+        self.store.insert_json(PERIODS_TABLE, plines)
+        self.m.attribution_runs.inc()
+        if periods:
+            self._export(periods)
+            log.info(
+                "attributed %s..%s: %d workers, $%.6f",
+                dt.datetime.fromtimestamp(t0, dt.UTC).isoformat(),
+                dt.datetime.fromtimestamp(t1, dt.UTC).isoformat(),
+                len(periods),
+                sum(p.attributed_usd for p in periods),
+            )
+        return periods
+
+    def _export(self, periods: list[WorkerPeriod]) -> None:
+        rate: dict[str, float] = defaultdict(float)
+        cost: dict[str, float] = defaultdict(float)
+        count: dict[str, int] = defaultdict(int)
+        tokens: dict[str, int] = defaultdict(int)
+        for wp in periods:
+            model = wp.model if wp.model in self._models else "other"
+            rate[model] += wp.usd_per_hour
+            for c in wp.attempts:
+                cost[model] += c.total_usd
+                count[model] += 1
+                tokens[model] += c.tokens
+        for model in rate:
+            self.m.gpu_usd_per_hour.labels(model).set(rate[model])
+            self.m.gpu_usd_per_request.labels(model).set(cost[model] / max(count[model], 1))
+            if tokens[model]:
+                self.m.gpu_usd_per_mtok.labels(model).set(cost[model] / tokens[model] * 1e6)

@@ -1,0 +1,246 @@
+"""NATS side of the accounting service: one durable pull consumer on the events stream, batched by
+size and time, acked only after the batch is in ClickHouse; and the periodic attribution loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+
+from llmlab_common.subjects import Topology
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from llmlab_accounting.attribution import period_bounds
+from llmlab_accounting.decode import Decoder, Item
+from llmlab_accounting.service import AccountingService, Batch
+from llmlab_accounting.settings import AccountingSettings
+
+log = logging.getLogger(__name__)
+STATUS_HDR = "Status"
+
+
+class BatchPuller:
+    """Pull requests on our own inbox, messages collected by a plain callback.
+
+    nats-py's ``fetch(n)`` creates a task and a ``wait_for`` per message, which costs more than
+    everything else accounting does per event; a subscription callback that appends to a list is
+    a few microseconds."""
+
+    def __init__(self, nc: NATS, stream: str, consumer: str, api_prefix: str = "$JS.API") -> None:
+        self.nc = nc
+        self._next_subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self._inbox = nc.new_inbox()
+        self._sub: Subscription | None = None
+        self._buf: list[Msg] = []
+        self._want = 0
+        self._done = asyncio.Event()
+
+    async def start(self) -> None:
+        self._sub = await self.nc.subscribe(self._inbox, cb=self._on_msg)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    async def pull(self, n: int, expires_s: float) -> list[Msg]:
+        """Up to ``n`` messages, returning when ``n`` arrived or the pull expired."""
+        self._want = n
+        self._done.clear()
+        req = {"batch": n, "expires": int(max(expires_s, 0.01) * 1e9)}
+        await self.nc.publish(self._next_subject, json.dumps(req).encode(), reply=self._inbox)
+        with contextlib.suppress(TimeoutError):
+            # The server ends the pull with a status (408 on expiry) when not filled.
+            await asyncio.wait_for(self._done.wait(), expires_s + 2.0)
+        # A late message of an earlier pull lands in the next batch: still processed and acked.
+        out, self._buf = self._buf, []
+        return out
+
+    async def _on_msg(self, msg: Msg) -> None:
+        status = msg.headers.get(STATUS_HDR) if msg.headers else None
+        if status is not None:
+            if status != "100":  # 100: idle heartbeat; 404/408/409 end the pull
+                self._done.set()
+            return
+        self._buf.append(msg)
+        if len(self._buf) >= self._want:
+            self._done.set()
+
+
+class AccountingTransport:
+    def __init__(
+        self,
+        nc: NATS,
+        js: JetStreamContext,
+        topo: Topology,
+        service: AccountingService,
+        settings: AccountingSettings,
+        decoder: Decoder,
+    ) -> None:
+        self.nc, self.js, self.topo = nc, js, topo
+        self.service = service
+        self.decoder = decoder
+        self.settings = settings
+        self._puller: BatchPuller | None = None
+        self._inflight: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self.last_flush_at = 0.0
+
+    async def start(self) -> None:
+        s = self.settings
+        config = ConsumerConfig(
+            durable_name=self.topo.ACCOUNTING_CONSUMER,
+            filter_subject=self.topo.events_wildcard,
+            # Ack-all: one ack per batch (the ack of its highest sequence) instead of one per event,
+            # which halves the NATS work per event at ingest rate. Safe because batches are inserted
+            # in order, one at a time, and because what a dead predecessor had fetched but not
+            # acked is re-read below before this process acks anything.
+            ack_policy=AckPolicy.ALL,
+            ack_wait=s.ack_wait_s,
+            # Accounting wants the whole retained history (7 days) on first start.
+            deliver_policy=DeliverPolicy.ALL,
+            max_ack_pending=max(4 * s.batch_rows, 10_000),
+            max_waiting=16,
+        )
+        try:
+            before: ConsumerInfo | None = await self.js.consumer_info(
+                self.topo.events_stream, self.topo.ACCOUNTING_CONSUMER
+            )
+        except NotFoundError:
+            before = None
+        await self.js.add_consumer(self.topo.events_stream, config)  # idempotent for the same config
+        if before is not None and before.num_ack_pending and before.ack_floor and before.delivered:
+            await self._recover(before.ack_floor.stream_seq + 1, before.delivered.stream_seq)
+        self._puller = BatchPuller(self.nc, self.topo.events_stream, self.topo.ACCOUNTING_CONSUMER)
+        await self._puller.start()
+        self._tasks.append(asyncio.create_task(self._ingest_loop(self._puller), name="accounting-ingest"))
+        self._tasks.append(asyncio.create_task(self._attribution_loop(), name="accounting-attribution"))
+
+    async def stop(self) -> None:
+        """Stop fetching, insert and ack what is already fetched, then return."""
+        self._stopping = True
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(t, timeout=self.settings.drain_timeout_s)
+        if self._puller is not None:
+            await self._puller.close()
+
+    # -- ingest -------------------------------------------------------------------------------------
+    async def _recover(self, first: int, last: int) -> None:
+        """Insert what a previous process fetched and may not have inserted (stream sequences
+        ``first..last``), read straight from the stream; duplicates of rows it did insert are
+        collapsed by the tables' keys. Only then may an ack-all move the ack floor past them."""
+        log.warning("recovering events %d..%d fetched by a previous process and never acked", first, last)
+        items: list[Item] = []
+        n = 0
+        for seq in range(first, last + 1):
+            try:
+                raw = await self.js.get_msg(self.topo.events_stream, seq)
+            except NotFoundError:
+                continue  # aged out of the stream
+            if raw.subject in (self.topo.attempt_event_subject, self.topo.request_event_subject):
+                items.append((raw.subject == self.topo.attempt_event_subject, raw.data or b""))
+            if len(items) >= self.settings.batch_rows or seq == last:
+                # Malformed ones: the previous process dead-lettered them, or their redelivery will.
+                d = await self.decoder.decode(items)
+                await asyncio.to_thread(self.service.insert, Batch(d.attempts, d.requests, d.ended_at))
+                n, items = n + len(d.attempts) + len(d.requests), []
+        log.warning("recovered %d events", n)
+
+    async def _ingest_loop(self, puller: BatchPuller) -> None:
+        s = self.settings
+        pending: list[Msg] = []
+        first_at = 0.0
+        while not self._stopping:
+            wait = s.flush_interval_s if not pending else max(0.01, first_at + s.flush_interval_s - time.monotonic())
+            want = min(s.fetch_batch, s.batch_rows - len(pending))
+            try:
+                msgs = await puller.pull(want, wait)
+            except Exception as exc:
+                if self._stopping:
+                    break
+                log.warning("events fetch failed: %s", exc)
+                await asyncio.sleep(1)
+                continue
+            if msgs and not pending:
+                first_at = time.monotonic()
+            pending.extend(msgs)
+            if pending and (len(pending) >= s.batch_rows or time.monotonic() - first_at >= s.flush_interval_s):
+                await self._flush(pending)
+                pending = []
+        if pending:
+            await self._flush(pending)
+        if self._inflight is not None:
+            await self._inflight
+
+    async def _flush(self, msgs: list[Msg]) -> None:
+        attempt_subject, request_subject = self.topo.attempt_event_subject, self.topo.request_event_subject
+        ours = [m for m in msgs if m.subject in (attempt_subject, request_subject)]
+        # dead letters and any future event kinds: not ours, acked with the batch
+        decoded = await self.decoder.decode([(m.subject == attempt_subject, m.data) for m in ours])
+        for i, why in decoded.bad:
+            await self._dead_letter(ours[i], why)
+        m = self.service.m
+        m.events.labels("attempt").inc(len(decoded.attempts))
+        m.events.labels("request").inc(len(decoded.requests))
+        m.events.labels("ignored").inc(len(msgs) - len(ours))
+        batch = Batch(decoded.attempts, decoded.requests, decoded.ended_at)
+        # One insert in flight while the next batch is fetched and decoded: chdb parses and
+        # writes in its own thread while this loop does the Python work.
+        if self._inflight is not None:
+            await self._inflight
+        self._inflight = asyncio.create_task(self._insert_and_ack(batch, msgs))
+
+    async def _insert_and_ack(self, batch: Batch, msgs: list[Msg]) -> None:
+        delay = 0.5
+        while True:
+            try:
+                await asyncio.to_thread(self.service.insert, batch)
+                break
+            except Exception:
+                # Keep the batch and retry: nothing is acked, so a crash now loses nothing either.
+                self.service.m.insert_errors.inc()
+                log.exception("insert of %d rows failed; retrying in %.1fs", len(batch), delay)
+                if self._stopping:
+                    return  # unacked: redelivered to the next process
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        if msgs:
+            # Ack-all: the last delivered message acks everything up to its stream sequence. (A
+            # redelivery there has a lower one: then less is acked and more redelivered, which the
+            # tables' keys absorb.)
+            with contextlib.suppress(Exception):
+                await msgs[-1].ack()
+        self.last_flush_at = time.time()
+
+    async def _dead_letter(self, msg: Msg, why: str) -> None:
+        self.service.m.events.labels("dead_letter").inc()
+        log.error("malformed event on %s dead-lettered: %s", msg.subject, why[:300])
+        with contextlib.suppress(Exception):
+            await self.js.publish(self.topo.dead_letter_subject, msg.data, headers={"Llmlab-Reason": why[:200]})
+
+    # -- attribution --------------------------------------------------------------------------------
+    async def _attribution_loop(self) -> None:
+        s = self.settings
+        while not self._stopping:
+            try:
+                for t0, t1 in period_bounds(
+                    time.time(), s.attribution_period_s, s.attribution_lag_s, s.attribution_lookback_periods
+                ):
+                    await asyncio.to_thread(self.service.attribute_period, t0, t1)
+            except Exception:
+                self.service.m.attribution_errors.inc()
+                log.exception("attribution failed")
+            # Sleep in short steps so a stop is not held up by a long period.
+            deadline = time.monotonic() + s.attribution_period_s
+            while not self._stopping and time.monotonic() < deadline:
+                await asyncio.sleep(min(0.2, s.attribution_period_s))

@@ -1,0 +1,107 @@
+"""Event → row mapping: attribution to the catalog, the budget's charging rule, SLO verdicts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from llmlab_accounting.domain import attempt_class, attempt_row, error_class, is_billing, request_row
+from llmlab_common.catalog import Catalog
+from llmlab_common.messages import AttemptEvent, ErrorInfo, RequestEvent, RouteInfo, Timings
+
+pytestmark = pytest.mark.unit
+Factory = Callable[..., AttemptEvent]
+
+
+def test_completed_attempt_is_billed_at_engine_counts_and_priced_from_the_catalog(
+    catalog: Catalog, attempt_factory: Factory
+) -> None:
+    row = attempt_row(attempt_factory(prompt=100, completion=50), catalog, now=1.0)
+    assert (row["billed_input_tokens"], row["billed_output_tokens"], row["is_billing"]) == (100, 50, 1)
+    assert row["status_class"] == "ok"
+    assert (row["pool"], row["pipeline"], row["engine"], row["gpu"], row["gpu_count"]) == (
+        "gpu-vllm",
+        "throughput",
+        "vllm",
+        "H100-SXM",
+        1,
+    )
+    assert row["input_usd_per_mtok"] == 0.18 and row["output_usd_per_mtok"] == 0.18
+    assert row["gpu_usd_per_hour"] == pytest.approx(2.99)
+    assert row["price_as_of"] == "2026-12-01"
+    assert row["started_at"] == pytest.approx(row["ended_at"] - 0.5)
+    assert (row["tenant_id"], row["key_id"], row["plan"]) == ("acme", "k", "pro")
+
+
+def test_two_gpu_deployment_costs_twice_the_gpu_rate(catalog: Catalog, attempt_factory: Factory) -> None:
+    row = attempt_row(attempt_factory(deployment="qwen3-32b-sglang", model="Qwen/Qwen3-32B"), catalog)
+    assert row["gpu_usd_per_hour"] == pytest.approx(2 * 2.99) and row["gpu_count"] == 2
+
+
+def test_failed_attempts_are_not_billed(catalog: Catalog, attempt_factory: Factory) -> None:
+    for outcome in ("worker_lost", "abandoned", "engine_error", "expired", "stale"):
+        row = attempt_row(attempt_factory(outcome=outcome, source="gateway"), catalog)
+        assert row["is_billing"] == 0 and row["billed_output_tokens"] == 0 and row["billed_input_tokens"] == 0
+
+
+def test_client_disconnect_bills_delivered_tokens_and_the_worker_cancel_does_not(
+    catalog: Catalog, attempt_factory: Factory
+) -> None:
+    gw = attempt_factory(
+        outcome="cancelled", source="gateway", prompt=0, completion=7, error_code="client_disconnected"
+    )
+    assert is_billing(gw)
+    row = attempt_row(gw, catalog)
+    # The budget charged its reserved input estimate, which the event does not carry.
+    assert row["billed_input_tokens"] is None and row["billed_output_tokens"] == 7
+    wk = attempt_factory(outcome="cancelled", source="worker", error_code="cancelled")
+    assert not is_billing(wk)
+
+
+def test_status_classes() -> None:
+    assert error_class(ErrorInfo(status=429, type="insufficient_quota", message="")) == "refused_budget"
+    assert error_class(ErrorInfo(status=429, type="rate_limit_error", code="rate_limit_exceeded", message="")) == (
+        "refused_budget"
+    )
+    assert error_class(ErrorInfo(status=429, type="rate_limit_error", code="queue_timeout", message="")) == "timeout"
+    assert error_class(ErrorInfo(status=401, type="authentication_error", message="")) == "auth"
+    assert error_class(ErrorInfo(status=502, type="server_error", message="")) == "server_error"
+    assert error_class(ErrorInfo(status=400, type="invalid_request_error", message="")) == "client_error"
+
+
+def test_attempt_classes(attempt_factory: Factory) -> None:
+    assert attempt_class(attempt_factory(outcome="abandoned", source="gateway")) == "timeout"
+    assert attempt_class(attempt_factory(outcome="worker_lost", source="gateway")) == "server_error"
+    assert attempt_class(attempt_factory(outcome="stale")) == "dropped"
+
+
+def test_slo_verdicts_against_the_plan_class(catalog: Catalog, attempt_factory: Factory) -> None:
+    # interactive: TTFT p95 1.0 s (queue + engine TTFT), TPOT 0.10 s.
+    fast = attempt_row(attempt_factory(), catalog)
+    assert (fast["slo_class"], fast["slo_ttft_ok"], fast["slo_tpot_ok"], fast["slo_e2e_ok"], fast["slo_ok"]) == (
+        "interactive",
+        1,
+        1,
+        None,
+        1,
+    )
+    slow = attempt_row(attempt_factory(timings=Timings(nats_queue_s=0.5, ttft_s=0.6, e2e_s=2.0, tpot_s=0.2)), catalog)
+    assert (slow["slo_ttft_ok"], slow["slo_tpot_ok"], slow["slo_ok"]) == (0, 0, 0)
+    failed = attempt_row(attempt_factory(outcome="engine_error"), catalog)
+    assert failed["slo_ok"] == 0  # only an answered attempt meets an SLO
+
+
+def test_route_info_is_carried(catalog: Catalog, attempt_factory: Factory) -> None:
+    route = RouteInfo(policy="p", policy_version="1", position=2, reason="r", fallback_from="x", slo_class="batch")
+    row = attempt_row(attempt_factory(route=route), catalog)
+    assert (row["route_policy"], row["route_position"], row["fallback_from"], row["slo_class"]) == (
+        "p",
+        2,
+        "x",
+        "batch",
+    )
+
+
+def test_request_row(catalog: Catalog, refusal_factory: Callable[..., RequestEvent]) -> None:
+    row = request_row(refusal_factory(), catalog)
+    assert (row["status"], row["status_class"], row["tenant_id"]) == (429, "refused_budget", "acme")

@@ -1,0 +1,101 @@
+"""Every reports/sql file runs on a chdb store with data and gives tables and plots; the query
+endpoint is read-only and admin-only."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from llmlab_accounting.admin_api import admin_router, check_read_only, install_error_handlers
+from llmlab_accounting.domain import attempt_row, request_row
+from llmlab_accounting.metrics import AccountingMetrics
+from llmlab_accounting.report import main as report_main
+from llmlab_accounting.service import AccountingService, Batch
+from llmlab_accounting.settings import DEV_ADMIN_KEY, AccountingSettings
+from llmlab_accounting.store import ClickHouseStore
+from llmlab_common.catalog import Catalog
+from llmlab_common.errors import InvalidRequest
+from llmlab_common.messages import AttemptEvent, RequestEvent
+from llmlab_common.metrics import Metrics
+from llmlab_common.settings import REPO_ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def seed(
+    store: ClickHouseStore, catalog: Catalog, attempt: Callable[..., AttemptEvent], refusal: Callable[..., RequestEvent]
+) -> None:
+    svc = AccountingService(store, catalog, AccountingMetrics(Metrics("t")))
+    now = time.time()
+    events = [attempt(f"r{i}", 1, "completed", prompt=50 + i, completion=20, ended_at=now - 30 + i) for i in range(20)]
+    events += [attempt("r20", 1, "worker_lost", "gateway"), attempt("r20", 2, "completed", ended_at=now - 5)]
+    store.query("SELECT 1")
+    svc.insert(Batch.of([attempt_row(e, catalog) for e in events], [request_row(refusal("refused"), catalog)]))
+    svc.attribute_period(now - 60, now)
+
+
+def test_every_report_runs_and_plots(
+    tmp_path: Path,
+    catalog: Catalog,
+    attempt_factory: Callable[..., AttemptEvent],
+    refusal_factory: Callable[..., RequestEvent],
+) -> None:
+    data = tmp_path / "chdb"
+    store = ClickHouseStore.open(data_dir=data)
+    store.ensure_schema()
+    try:
+        seed(store, catalog, attempt_factory, refusal_factory)
+    finally:
+        store.close()
+    out = tmp_path / "out"
+    assert report_main(["--data-dir", str(data), "--out", str(out), "--url", ""]) == 0
+    sql_files = sorted((REPO_ROOT / "reports" / "sql").glob("*.sql"))
+    assert len(sql_files) >= 8
+    for f in sql_files:
+        lines = (out / f"{f.stem}.csv").read_text().splitlines()
+        assert len(lines) >= 2, f"{f.name} returned no rows"
+        if "-- plot:" in f.read_text():
+            assert (out / f"{f.stem}.png").stat().st_size > 1000
+    assert "cost_by_model_day" in (out / "README.md").read_text()
+
+
+def test_read_only_check() -> None:
+    assert check_read_only("-- c\nSELECT 1;") == "SELECT 1"
+    assert check_read_only("WITH x AS (SELECT 1) SELECT * FROM x")
+    for bad in ("DROP TABLE attempts_raw", "SELECT 1; DROP TABLE x", "INSERT INTO t VALUES (1)"):
+        with pytest.raises(InvalidRequest):
+            check_read_only(bad)
+
+
+def test_query_endpoint_needs_the_admin_key_and_refuses_writes(tmp_path: Path) -> None:
+    from fastapi import FastAPI
+
+    store = ClickHouseStore.open(data_dir=tmp_path / "chdb")
+    store.ensure_schema()
+    try:
+        app = FastAPI()
+        install_error_handlers(app)
+        app.include_router(admin_router(store, AccountingSettings()), prefix="/admin/v1")
+        c = TestClient(app)
+        body = {"sql": "SELECT count() AS n FROM attempts"}
+        assert c.post("/admin/v1/query", json=body).status_code == 401
+        assert c.post("/admin/v1/query", json=body, headers={"Authorization": "Bearer nope"}).status_code == 401
+        ok = {"Authorization": f"Bearer {DEV_ADMIN_KEY}"}
+        r = c.post("/admin/v1/query", json=body, headers=ok)
+        assert r.status_code == 200 and r.json()["rows"] == [[0]] and r.json()["columns"] == ["n"]
+        r = c.post("/admin/v1/query", json={"sql": "ALTER TABLE attempts_raw DELETE WHERE 1"}, headers=ok)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "read_only"
+        # ClickHouse's own readonly=1 guard, past the statement check
+        r = c.post("/admin/v1/query", json={"sql": "SELECT * FROM system.one SETTINGS readonly = 0"}, headers=ok)
+        assert r.status_code == 400
+    finally:
+        store.close()
+
+
+def test_dev_admin_key_is_refused_in_prod(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMLAB_ENV", "prod")
+    with pytest.raises(ValueError, match="ADMIN_KEY_SHA256"):
+        AccountingSettings()

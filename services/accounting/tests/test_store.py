@@ -1,0 +1,121 @@
+"""The store on a real chdb directory: views dedup redelivered events, one row per attempt with a
+stated precedence, read-only queries, and the single-writer lock (released after SIGKILL)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from llmlab_accounting.domain import attempt_row, request_row
+from llmlab_accounting.metrics import AccountingMetrics
+from llmlab_accounting.service import AccountingService, Batch
+from llmlab_accounting.store import ClickHouseStore, StoreLocked
+from llmlab_common.catalog import Catalog
+from llmlab_common.messages import AttemptEvent, RequestEvent
+from llmlab_common.metrics import Metrics
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[ClickHouseStore]:
+    s = ClickHouseStore.open(data_dir=tmp_path / "chdb")
+    s.ensure_schema()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def test_redelivered_events_count_once_and_views_pick_one_row_per_attempt(
+    store: ClickHouseStore,
+    catalog: Catalog,
+    attempt_factory: Callable[..., AttemptEvent],
+    refusal_factory: Callable[..., RequestEvent],
+) -> None:
+    svc = AccountingService(store, catalog, AccountingMetrics(Metrics("t")))
+    events = [
+        attempt_factory("r1", 1, "worker_lost", "gateway"),
+        attempt_factory("r1", 2, "completed", prompt=100, completion=40),
+        attempt_factory("r2", 1, "cancelled", "gateway", prompt=0, completion=5, error_code="client_disconnected"),
+        attempt_factory("r2", 1, "cancelled", "worker", prompt=30, completion=9),
+    ]
+    batch = Batch.of([attempt_row(e, catalog) for e in events], [request_row(refusal_factory("r3"), catalog)])
+    for _ in range(3):  # the same batch three times: a crash between insert and ack, twice
+        svc.insert(batch)
+    assert store.query("SELECT count() FROM attempts_raw").rows[0][0] >= 4  # duplicates are stored...
+    count, uniq = store.query("SELECT count(), uniqExact(request_id, attempt) FROM attempts").rows[0]
+    assert count == uniq == 3  # ...and never seen through the views
+    by_key = {
+        (r[0], r[1]): tuple(r[2:])
+        for r in store.query(
+            "SELECT request_id, attempt, source, events, billed_input_tokens, billed_output_tokens, burnt_tokens,"
+            " list_cost_usd FROM attempts"
+        ).rows
+    }
+    assert by_key[("r1", 1)][:5] == ("gateway", 1, 0, 0, 0)
+    assert by_key[("r1", 2)][:5] == ("worker", 1, 100, 40, 0)
+    assert by_key[("r1", 2)][5] == pytest.approx(140 * 0.18 / 1e6)
+    # worker row preferred; billing from the gateway's client-disconnect event (input: the worker's count)
+    assert by_key[("r2", 1)][:5] == ("worker", 2, 30, 5, 4)
+    reqs = {
+        r[0]: tuple(r[1:])
+        for r in store.query(
+            "SELECT request_id, attempts, status_class, http_status, billed_tokens, fallback_chain FROM requests"
+        ).rows
+    }
+    assert reqs == {
+        "r1": (2, "ok", 200, 140, "llama-8b-vllm>llama-8b-vllm"),
+        "r2": (1, "cancelled", 499, 35, "llama-8b-vllm"),
+        "r3": (0, "refused_budget", 429, 0, ""),
+    }
+
+
+def test_queries_are_read_only(store: ClickHouseStore) -> None:
+    assert store.query("SELECT 1 AS one").rows == [[1]]
+    with pytest.raises(Exception, match=r"(?i)readonly"):
+        store.query("INSERT INTO requests_raw (request_id) VALUES ('x')")
+
+
+_HOLDER = """
+import sys, time
+from llmlab_accounting.store import ClickHouseStore
+s = ClickHouseStore.open(data_dir=sys.argv[1])
+s.ensure_schema()
+print("open", flush=True)
+time.sleep(60)
+"""
+
+
+def test_second_writer_is_refused_and_the_lock_survives_no_sigkill(tmp_path: Path) -> None:
+    data = tmp_path / "chdb"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(data)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"open"
+        with pytest.raises(StoreLocked, match=f"pid {holder.pid}"):
+            ClickHouseStore.open(data_dir=data)
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(10)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    deadline = time.monotonic() + 10
+    while True:  # the kernel releases both flocks (ours and chdb's) when the process is gone
+        try:
+            s = ClickHouseStore.open(data_dir=data)
+            break
+        except StoreLocked:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    try:
+        s.ensure_schema()
+        assert s.query("SELECT count() FROM attempts").rows == [[0]]
+    finally:
+        s.close()
