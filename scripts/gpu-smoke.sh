@@ -12,7 +12,9 @@
 #
 # For each engine in GPU_SMOKE_ENGINES (default "vllm sglang"), one after the other so each has
 # the whole GPU:
-#   1. start the real server on a free port;
+#   1. start the real server on a free port, launched with the serving pipeline's flags
+#      (configs/pipelines/, GPU_SMOKE_PIPELINE: the argv comes from
+#      `python -m llmlab_experiments.pipelines argv --pipeline P --engine E --model M --port N`);
 #   2. wait until GET /health answers 200 (download + load + CUDA graphs: up to STARTUP_TIMEOUT_S);
 #   3. run the worker contract + gateway streaming checks against it:
 #        pytest -m gpu tests/gpu   with LLMLAB_GPU_ENGINE, LLMLAB_GPU_ENGINE_URL, LLMLAB_GPU_MODEL;
@@ -20,7 +22,8 @@
 # Then it writes results/gpu-smoke-<UTC time>.json (engine versions, GPU from nvidia-smi,
 # pass/fail per engine) and exits non-zero if anything failed. Logs: results/tmp/gpu-smoke-<time>/.
 #
-# Flags checked against the documentation (2026-12):
+# Flags checked against the documentation (2026-12); the pipeline flags are checked in
+# experiments/llmlab_experiments/pipelines.py (KNOWN_FLAGS, with sources) and configs/pipelines/*.yaml:
 #   vLLM:   https://docs.vllm.ai/en/stable/cli/serve/ and .../cli/ (`vllm serve MODEL`, model
 #           positional; --served-model-name, --host, --port, --max-model-len,
 #           --gpu-memory-utilization are engine arguments, vllm/engine/arg_utils.py); GET /health.
@@ -30,6 +33,10 @@
 #
 # Environment (all optional):
 #   GPU_SMOKE_ENGINES   engines to test, in order            (default: "vllm sglang")
+#   GPU_SMOKE_PIPELINE  serving pipeline whose flags launch each engine: A, B, C, D or
+#                       throughput, latency, long_context, experimental (default: B, the latency pipeline:
+#                       --max-model-len 4096 --gpu-memory-utilization 0.85 for vLLM, --mem-fraction-static 0.8
+#                       --enable-metrics for SGLang, as before, plus its batch/queue limits; C needs 2 GPUs)
 #   VLLM_MODEL          HF id or path for vLLM                 (default: Qwen/Qwen2.5-1.5B-Instruct)
 #   VLLM_NAME           its served model name                  (default: gpu-smoke/vllm)
 #   SGLANG_MODEL        HF id or path for SGLang               (default: Qwen/Qwen2.5-1.5B-Instruct)
@@ -46,6 +53,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 
 GPU_SMOKE_ENGINES="${GPU_SMOKE_ENGINES:-vllm sglang}"
+GPU_SMOKE_PIPELINE="${GPU_SMOKE_PIPELINE:-B}"
 VLLM_MODEL="${VLLM_MODEL:-Qwen/Qwen2.5-1.5B-Instruct}"
 VLLM_NAME="${VLLM_NAME:-gpu-smoke/vllm}"
 SGLANG_MODEL="${SGLANG_MODEL:-Qwen/Qwen2.5-1.5B-Instruct}"
@@ -97,7 +105,7 @@ free_port() {
 
 # -- preflight ------------------------------------------------------------------------------------
 [[ -x "$PY" ]] || die "no python at $PY: run \`make install\` (or set PYTHON)"
-"$PY" -c 'import llmlab_gateway, llmlab_worker_vllm, llmlab_worker_sglang, llmlab_testkit, openai' \
+"$PY" -c 'import llmlab_gateway, llmlab_worker_vllm, llmlab_worker_sglang, llmlab_testkit, llmlab_experiments, openai' \
   || die "the services are not installed in $PY: run \`make install\`"
 command -v nvidia-smi >/dev/null || die "nvidia-smi not found: this script needs an NVIDIA GPU"
 GPU_INFO="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)" \
@@ -198,16 +206,22 @@ run_engine() {  # run_engine ENGINE
   logf="$LOG_DIR/$engine-server.log"
   # setsid: the server (and the worker processes it spawns) get their own process group, which
   # stop_group ends as a whole.
+  local exe argv_out
   case "$engine" in
-    vllm)
-      setsid "$VLLM_BIN" serve "$model" --served-model-name "$name" --host 127.0.0.1 --port "$port" \
-        --max-model-len 4096 --gpu-memory-utilization 0.85 >"$logf" 2>&1 &
-      ;;
-    sglang)
-      setsid "$SGLANG_PYTHON" -m sglang.launch_server --model-path "$model" --served-model-name "$name" \
-        --host 127.0.0.1 --port "$port" --enable-metrics --mem-fraction-static 0.8 >"$logf" 2>&1 &
-      ;;
+    vllm) exe="$VLLM_BIN" ;;
+    sglang) exe="$SGLANG_PYTHON" ;;
   esac
+  # The launch command is the pipeline's (configs/pipelines/), one argument per line.
+  if ! argv_out="$("$PY" -m llmlab_experiments.pipelines argv --pipeline "$GPU_SMOKE_PIPELINE" --engine "$engine" \
+      --model "$model" --port "$port" --host 127.0.0.1 --served-model-name "$name" --exe "$exe" 2>"$LOG_DIR/$engine-argv.err")"; then
+    log "no launch argv for pipeline $GPU_SMOKE_PIPELINE: $(tail -1 "$LOG_DIR/$engine-argv.err")"
+    record "$engine" fail "bad pipeline $GPU_SMOKE_PIPELINE" "$version" "$model" "$name" "" ""
+    return 1
+  fi
+  local -a argv
+  mapfile -t argv <<<"$argv_out"
+  log "pipeline $GPU_SMOKE_PIPELINE: ${argv[*]}"
+  setsid "${argv[@]}" >"$logf" 2>&1 &
   SERVER_PID=$!
   log "started $engine server (pid $SERVER_PID) on 127.0.0.1:$port; log $logf"
 
@@ -245,9 +259,9 @@ for engine in $GPU_SMOKE_ENGINES; do
 done
 
 # -- results ----------------------------------------------------------------------------------------
-"$PY" - "$RESULT_JSON" "$ENGINE_RESULTS" "$GPU_INFO" "$STAMP" "$LOG_DIR" <<'PYEOF'
+"$PY" - "$RESULT_JSON" "$ENGINE_RESULTS" "$GPU_INFO" "$STAMP" "$LOG_DIR" "$GPU_SMOKE_PIPELINE" <<'PYEOF'
 import json, subprocess, sys
-out, engines_file, gpu_info, stamp, log_dir = sys.argv[1:6]
+out, engines_file, gpu_info, stamp, log_dir, pipeline = sys.argv[1:7]
 engines = [json.loads(line) for line in open(engines_file) if line.strip()]
 try:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
@@ -262,6 +276,7 @@ result = {
     "run": stamp,
     "git_commit": commit,
     "gpus": gpus,
+    "pipeline": pipeline,
     "nvidia_smi": gpu_info,
     "engines": {e["engine"]: e for e in engines},
     "passed": bool(engines) and all(e["status"] == "pass" for e in engines),

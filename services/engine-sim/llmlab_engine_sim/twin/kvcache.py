@@ -87,7 +87,7 @@ class KVCacheManager:
         else:
             own = seq.own
             own_blocks = seq.blocks - len(seq.held) - (own.blocks if own is not None else 0)
-            cache.release(seq.held, own, seq.own_key, own_blocks, now)
+            cache.release(seq.held, own, seq.own_key, own_blocks, now, seq.priority)
         seq.blocks = 0
         seq.held = []
         seq.own = None

@@ -36,10 +36,14 @@ __all__ = [
     "CacheEntry",
     "EvictionPolicy",
     "HashPrefixCache",
+    "KeepPaidUsers",
     "PrefixCache",
     "RadixPrefixCache",
+    "WeightedScore",
     "make_prefix_cache",
+    "recompute_cost",
     "register_policy",
+    "register_weighted",
 ]
 
 
@@ -56,12 +60,22 @@ class CacheEntry:
         "key",
         "last_access",
         "parent",
+        "priority",
         "ref",
         "start",
         "token",
     )
 
-    def __init__(self, key: Hashable, blocks: int, start: int, parent: CacheEntry | None, now: float, created: int):
+    def __init__(
+        self,
+        key: Hashable,
+        blocks: int,
+        start: int,
+        parent: CacheEntry | None,
+        now: float,
+        created: int,
+        priority: int = 0,
+    ):
         self.key = key
         self.blocks = blocks
         self.start = start  # index of the first block (depth in the prompt, in blocks)
@@ -73,6 +87,9 @@ class CacheEntry:
         self.created = created
         self.evictable = False
         self.token = 0
+        # Tenant priority (trace convention: lower = more important) of the most important request
+        # that used the entry: a block a paid tenant needs counts as paid even if free users share it.
+        self.priority = priority
 
     def __repr__(self) -> str:
         return f"CacheEntry({self.key!r}, blocks={self.blocks}, ref={self.ref})"
@@ -184,6 +201,107 @@ class CheapestFirst(HeapPolicy):
         return (e.blocks * (e.start + e.blocks), e.last_access)
 
 
+def recompute_cost(e: CacheEntry) -> int:
+    """Relative prefill cost of recomputing an entry: its blocks times their depth in the prompt
+    (attention over everything before them), the same measure :class:`CheapestFirst` orders by."""
+    return e.blocks * (e.start + e.blocks)
+
+
+class KeepPaidUsers(HeapPolicy):
+    """Evict the least important tenant's entries first (highest ``priority`` value; a block also
+    used by a paid tenant counts as paid), least recently used among equals (§3.4 "keep paid users")."""
+
+    name = "keep-paid"
+
+    def priority(self, e: CacheEntry) -> object:
+        return (-e.priority, e.last_access)
+
+
+# §3.4's example weights: idle time, cache size, recompute-cost inverse, tenant-priority inverse.
+DEFAULT_SCORE_WEIGHTS: tuple[float, float, float, float] = (0.40, 0.25, 0.20, 0.15)
+
+
+class WeightedScore(EvictionPolicy):
+    """§3.4's eviction score; the highest score is evicted first::
+
+        score = w_idle·idle/max_idle + w_size·blocks/max_blocks
+              + w_recompute·min_cost/cost + w_tenant·priority/max_priority
+
+    Each term is normalised over the evictable entries at ranking time, so the ranking depends on
+    the whole set (a heap keyed once per entry cannot express it). "Now" is the latest access time
+    the policy has seen (entries become evictable when released, stamped with the release time):
+    eviction calls carry no clock. The ranking is computed on the first :meth:`peek` after the set
+    grew and reused for the evictions that follow (entries removed meanwhile are skipped), which
+    costs O(n log n) per burst of evictions instead of per block."""
+
+    name = "weighted"
+
+    def __init__(self, weights: Sequence[float] = DEFAULT_SCORE_WEIGHTS) -> None:
+        if len(weights) != 4 or any(w < 0 for w in weights):
+            raise ValueError("weights: four non-negative numbers (idle, size, recompute inverse, tenant inverse)")
+        self.weights = tuple(float(w) for w in weights)
+        self._live: dict[int, CacheEntry] = {}
+        self._ranking: list[CacheEntry] = []
+        self._stale = True
+        self.now = 0.0
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def add(self, e: CacheEntry) -> None:
+        e.evictable = True
+        self._live[id(e)] = e
+        if e.last_access > self.now:
+            self.now = e.last_access
+        self._stale = True
+
+    def discard(self, e: CacheEntry) -> None:
+        e.evictable = False
+        self._live.pop(id(e), None)
+
+    def scores(self) -> list[tuple[float, CacheEntry]]:
+        """(score, entry) for every evictable entry, highest score first."""
+        entries = list(self._live.values())
+        if not entries:
+            return []
+        now = self.now
+        idle = [max(0.0, now - e.last_access) for e in entries]
+        costs = [max(1, recompute_cost(e)) for e in entries]
+        max_idle = max(idle) or 1.0
+        max_blocks = max(e.blocks for e in entries) or 1
+        min_cost = min(costs)
+        max_prio = max(e.priority for e in entries)
+        w_idle, w_size, w_cost, w_ten = self.weights
+        scored = [
+            (
+                w_idle * i / max_idle
+                + w_size * e.blocks / max_blocks
+                + w_cost * min_cost / c
+                + (w_ten * e.priority / max_prio if max_prio > 0 else 0.0),
+                e,
+            )
+            for e, i, c in zip(entries, idle, costs, strict=True)
+        ]
+        # ties: least recently used first, then oldest
+        scored.sort(key=lambda x: (-x[0], x[1].last_access, x[1].created))
+        return scored
+
+    def peek(self) -> CacheEntry | None:
+        if self._stale:
+            self._ranking = [e for _, e in reversed(self.scores())]  # best victim last: pop() is O(1)
+            self._stale = False
+        ranking = self._ranking
+        while ranking:
+            e = ranking[-1]
+            if e.evictable and id(e) in self._live:
+                return e
+            ranking.pop()
+        if self._live:  # everything ranked was taken back meanwhile: rank what is left
+            self._stale = True
+            return self.peek()
+        return None
+
+
 EVICTION_POLICIES: dict[str, Callable[[], EvictionPolicy]] = {}
 
 
@@ -191,7 +309,17 @@ def register_policy(name: str, factory: Callable[[], EvictionPolicy]) -> None:
     EVICTION_POLICIES[name] = factory
 
 
-for _cls in (LRU, FIFO, LFU, LargestFirst, CheapestFirst):
+def register_weighted(weights: Sequence[float], name: str | None = None) -> str:
+    """Register :class:`WeightedScore` with other weights (configs name policies by string);
+    returns the name, ``weighted:<idle>,<size>,<recompute>,<tenant>`` unless given."""
+    w = tuple(float(x) for x in weights)
+    WeightedScore(w)  # validate now, not at the first eviction
+    key = name or "weighted:" + ",".join(f"{x:g}" for x in w)
+    register_policy(key, lambda: WeightedScore(w))
+    return key
+
+
+for _cls in (LRU, FIFO, LFU, LargestFirst, CheapestFirst, KeepPaidUsers, WeightedScore):
     register_policy(_cls.name, _cls)
 
 
@@ -236,7 +364,9 @@ class PrefixCache(ABC):
 
     # -- shared ------------------------------------------------------------------------------
 
-    def _acquire(self, e: CacheEntry, now: float) -> None:
+    def _acquire(self, e: CacheEntry, now: float, priority: int = 0) -> None:
+        if priority < e.priority:
+            e.priority = priority
         if e.ref == 0:
             self.reclaimable -= e.blocks
             if e.evictable:
@@ -246,10 +376,11 @@ class PrefixCache(ABC):
         e.last_access = now
 
     def match(
-        self, keys: Sequence[Hashable], own_key: Hashable, max_blocks: int, now: float
+        self, keys: Sequence[Hashable], own_key: Hashable, max_blocks: int, now: float, priority: int = 0
     ) -> tuple[list[CacheEntry], CacheEntry | None]:
         """The longest cached prefix of ``keys`` (then the request's own extent, if it follows
-        directly), at most ``max_blocks`` blocks; every returned entry is now held."""
+        directly), at most ``max_blocks`` blocks; every returned entry is now held. ``priority``:
+        the request's tenant priority (recorded on the entries for tenant-aware eviction)."""
         held: list[CacheEntry] = []
         parent: CacheEntry | None = None
         limit = min(len(keys), max_blocks)
@@ -257,7 +388,7 @@ class PrefixCache(ABC):
             e = self._lookup(parent, keys[i])
             if e is None:
                 break
-            self._acquire(e, now)
+            self._acquire(e, now, priority)
             held.append(e)
             parent = e
         own: CacheEntry | None = None
@@ -273,13 +404,15 @@ class PrefixCache(ABC):
                     if e.ref == 0:
                         self.reclaimable -= drop
                     self.pool.unused += drop
-                self._acquire(e, now)
+                self._acquire(e, now, priority)
                 own = e
         return held, own
 
-    def insert(self, key: Hashable, parent: CacheEntry | None, depth: int, now: float) -> CacheEntry | None:
+    def insert(
+        self, key: Hashable, parent: CacheEntry | None, depth: int, now: float, priority: int = 0
+    ) -> CacheEntry | None:
         """Cache a block the caller just filled (held by the caller); None if already cached."""
-        e = CacheEntry(key, 1, depth, parent, now, next(self._created))
+        e = CacheEntry(key, 1, depth, parent, now, next(self._created), priority)
         if not self._link(parent, e):
             return None
         self.cached_blocks += 1
@@ -292,12 +425,13 @@ class PrefixCache(ABC):
         own_key: Hashable,
         own_blocks: int,
         now: float,
+        priority: int = 0,
     ) -> None:
         """The request frees its blocks: its anonymous ``own_blocks`` join its extent (kept cached,
         evicted first: vLLM frees a request's blocks tail first), then its chain, tail first."""
         parent = held[-1] if held else None
         if own is None and own_blocks > 0:
-            own = CacheEntry(own_key, 0, len(held), parent, now, next(self._created))
+            own = CacheEntry(own_key, 0, len(held), parent, now, next(self._created), priority)
             if not self._link(parent, own):  # a stale extent of the same request: replace it
                 old = self._lookup(parent, own_key)
                 if old is not None:

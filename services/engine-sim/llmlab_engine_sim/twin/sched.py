@@ -520,7 +520,7 @@ class StepScheduler:
                 own = None
                 hit_blocks = 0
                 if cache is not None:
-                    held, own = cache.match(s.keys, s.own_key, (s.num_tokens - 1) // bs, t)
+                    held, own = cache.match(s.keys, s.own_key, (s.num_tokens - 1) // bs, t, s.priority)
                     hit_blocks = len(held) + (own.blocks if own is not None else 0)
                 computed = hit_blocks * bs
                 n = min(s.num_tokens - computed, budget, threshold)
@@ -601,7 +601,7 @@ class StepScheduler:
                 if i < full and i < len(keys):
                     parent = held[-1] if held else None
                     while i < full and i < len(keys):
-                        e = cache.insert(keys[i], parent, i, t)
+                        e = cache.insert(keys[i], parent, i, t, s.priority)
                         if e is None:
                             s.broken = True
                             break
