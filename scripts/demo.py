@@ -156,6 +156,36 @@ def routing_tour(base: str) -> None:
         say("    " + (out.stdout or out.stderr).strip().replace("\n", "\n    "))
 
 
+def cost_report(out: Path) -> None:
+    """Every request above went through accounting into ClickHouse (chdb): run the SQL reports."""
+    port = os.environ.get("ACCOUNTING_PORT", "8086")
+    base = f"http://127.0.0.1:{port}"
+    sql = {"sql": "SELECT count() FROM attempts"}
+    auth = {"Authorization": "Bearer sk-admin-dev"}  # the documented dev admin key (refused in prod)
+    last, stable = -1, 0
+    for _ in range(60):  # until the count stops growing (batches land within a second or two)
+        try:
+            n = httpx.post(base + "/admin/v1/query", json=sql, headers=auth, timeout=5).json()["rows"][0][0]
+        except (httpx.HTTPError, KeyError, IndexError, ValueError):
+            say(f"\n== 5. cost report: accounting service not reachable at {base}; skipped")
+            return
+        stable = stable + 1 if n == last else 0
+        if stable >= 3:
+            break
+        last = n
+        time.sleep(0.5)
+    say(f"\n== 5. cost report: {last} attempts in ClickHouse (chdb) -> {out}/ (make report runs the same)")
+    subprocess.run(
+        [sys.executable, "-m", "llmlab_accounting.report", "--url", base, "--out", str(out)],
+        check=True,
+        timeout=300,
+        stdout=subprocess.DEVNULL,
+    )
+    table = out / "cost_by_model_day.md"
+    if table.exists():
+        say(table.read_text().strip())
+
+
 def worker_phases() -> dict[str, dict[str, float]]:
     """Mean NATS queue wait, engine TTFT and e2e per worker, from their Prometheus histograms."""
     out: dict[str, dict[str, float]] = {}
@@ -354,6 +384,7 @@ def main() -> int:
     md = report(results, phases, args.out, stamp, started, time.monotonic() - t0)
     say(f"\n== 4. report: {md} (+ .json, .png)")
     say(md.read_text().split("## Metadata")[0])
+    cost_report(args.out / f"demo-{stamp}-cost")
     say(f"The stack is still up: point any OpenAI client at {args.gateway}/v1 (key in {RUN_DIR / 'api-key'}).")
     say("`make down` stops it.")
     return 0 if all(r["summary"]["requests"]["failed"] == 0 for r in results) else 1

@@ -29,6 +29,8 @@ def test_demo_runs_end_to_end_and_writes_its_report(tmp_path: Path) -> None:
             for k in (
                 "GATEWAY_PORT",
                 "BUDGET_PORT",
+                "ROUTER_PORT",
+                "ACCOUNTING_PORT",
                 "SIM_VLLM_PORT",
                 "SIM_SGLANG_PORT",
                 "WORKER_VLLM_PORT",
@@ -57,6 +59,10 @@ def test_demo_runs_end_to_end_and_writes_its_report(tmp_path: Path) -> None:
         assert "| Qwen/Qwen3-32B | 50 x 2 | 100 | 0 |" in text
         assert '"simulated": true' in text
         assert list((tmp_path / "results").glob("demo-*.png"))
+        # Every request reached ClickHouse (chdb) through accounting; the SQL reports ran on it.
+        assert "attempts in ClickHouse" in out.stdout
+        (cost_dir,) = (tmp_path / "results").glob("demo-*-cost")
+        assert "meta-llama/Llama-3.1-8B-Instruct" in (cost_dir / "cost_by_model_day.md").read_text()
     finally:
         subprocess.run(["bash", "scripts/stack.sh", "down"], cwd=REPO, env=env, timeout=60)
         asyncio.run(

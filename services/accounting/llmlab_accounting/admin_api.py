@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import math
 import re
 from typing import Any
 
@@ -77,7 +78,10 @@ def admin_router(store: ClickHouseStore, settings: AccountingSettings) -> APIRou
         except Exception as exc:  # ClickHouse's own message (syntax, unknown column, readonly)
             raise InvalidRequest(str(exc).strip()[:2000], code="query_failed") from exc
         log.info("admin query: %d rows", len(result.rows))
-        return JSONResponse(jsonable_encoder({"columns": result.columns, "types": result.types, "rows": result.rows}))
+        # ClickHouse returns nan for an aggregate over no rows (quantileIf with nothing matching);
+        # JSON has no nan: send null, as ClickHouse's own JSON output does.
+        rows = [[None if isinstance(v, float) and not math.isfinite(v) else v for v in row] for row in result.rows]
+        return JSONResponse(jsonable_encoder({"columns": result.columns, "types": result.types, "rows": rows}))
 
     return router
 
