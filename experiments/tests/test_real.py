@@ -1,0 +1,79 @@
+"""The real-engine experiments, quick versions, on REAL vLLM on this CPU (and llama.cpp via xllamacpp).
+
+Slow by nature (each starts real engines: ~1-2.5 min on this shared 2-core machine), hence their own timeouts.
+They check that every output is written and that the before/after rows exist with sane values, not the
+absolute numbers (the machine is shared; those are in results/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm_cpu]
+
+OUTPUTS = ("results.json", "table.md", "command.txt", "NOTE.md", "plot.png")
+
+
+def _outputs(d: Path) -> dict:
+    for f in OUTPUTS:
+        assert (d / f).is_file() and (d / f).stat().st_size > 0, f"{f} missing in {d}"
+    doc = json.loads((d / "results.json").read_text())
+    assert doc["label"].startswith("MEASURED")
+    assert "MEASURED" in (d / "table.md").read_text()
+    note = (d / "NOTE.md").read_text()
+    for section in ("## Hypothesis", "## Actual", "## Interpretation", "## Unverified", "## Command"):
+        assert section in note
+    assert doc["meta"]["simulated"] is False and doc["meta"]["git_commit"]
+    return doc
+
+
+@pytest.mark.timeout(900)
+def test_caching_and_batching_before_after_through_the_stack(tmp_path: Path) -> None:
+    from llmlab_experiments import real_caching_batching as m
+
+    d = m.run(tmp_path, quick=True, command="pytest quick")
+    doc = _outputs(d)
+    runs = doc["rows"]["runs"]
+    for exp, engines in (("caching", m.CACHING), ("batching", m.BATCHING)):
+        for eng in engines:
+            assert sorted(r["round"] for r in runs if r["experiment"] == exp and r["engine"] == eng) == [1, 2]
+    assert all(r["requests"]["failed"] == 0 and r["requests"]["ok"] > 0 for r in runs)
+    assert all(r["output_tokens_pinned"] for r in runs)
+    assert all(r["client"]["cpu_util"] is not None and len(r["loadavg_before"]) == 3 for r in runs)
+
+    def row(exp: str, eng: str, rnd: int) -> dict:
+        return next(r for r in runs if r["experiment"] == exp and r["engine"] == eng and r["round"] == rnd)
+
+    for rnd in (1, 2):
+        on, off = row("caching", "pc-on", rnd), row("caching", "pc-off", rnd)
+        assert on["prefix_hit_rate"] > 0.3 and off["prefix_hit_rate"] == 0.0
+        assert on["ttft_ms"]["p50"] < off["ttft_ms"]["p50"]
+        b_on, b_off = row("batching", "pc-off", rnd), row("batching", "batch-1", rnd)
+        assert b_on["output_tok_s"] > b_off["output_tok_s"]
+    s = doc["rows"]["summary"]
+    assert s["ratios"]["caching_ttft_p50_off_over_on"] > 1 and s["ratios"]["batching_tok_s_on_over_off"] > 1
+    assert s["caching"]["pc-on"]["ttft_ms.p50"]["spread_pct"] is not None
+
+
+@pytest.mark.timeout(900)
+def test_quant_quality_bf16_vllm_vs_q4_llamacpp(tmp_path: Path) -> None:
+    from llmlab_experiments import real_quant_quality as m
+
+    d = m.run(tmp_path, quick=True, command="pytest quick")
+    doc = _outputs(d)
+    rows = doc["rows"]
+    n = len(m.items(quick=True))
+    assert {it.layer for it in m.items(quick=True)} == {"knowledge", "korean", "service"}
+    for eng in m.ENGINES:
+        sc = rows["score"][eng]
+        assert sc["n"] == n and 0 <= sc["passed"] <= n
+        assert sc["passed"] + sum(sc["failures"].values()) == n
+        answers = [a for a in rows["answers"] if a["engine"] == eng]
+        assert len(answers) == n and all(a["failure"] in (None, *m.FAILURE_TYPES) for a in answers)
+        assert sum(bool(a["text"].strip()) for a in answers) >= n // 2  # the engine really answered
+        assert rows["engines"][eng]["rss_mib"] > 0
+        speeds = [s for s in rows["speed"] if s["engine"] == eng]
+        assert len(speeds) == 2 and all(s["ok"] and s["decode_tok_s"] > 0 for s in speeds)
+    assert rows["engines"]["q4_1-llamacpp"]["weights_mb"] < rows["engines"]["bf16-vllm"]["weights_mb"]
