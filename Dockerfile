@@ -34,10 +34,14 @@ RUN pip install \
         -e services/worker-vllm \
         -e services/worker-sglang \
         -e services/engine-sim \
-        -e services/budget
+        -e services/budget \
+        -e services/router \
+        -e services/accounting
 
-# Run as an unprivileged user; the services write nothing to disk (logs go to stdout).
-RUN useradd --system --uid 10001 --no-create-home --home-dir /app --shell /usr/sbin/nologin llmlab
+# Run as an unprivileged user. Logs go to stdout; the router's decision log and accounting's chdb
+# directory live under /var/lib/llmlab (compose mounts volumes there, which inherit this ownership).
+RUN useradd --system --uid 10001 --no-create-home --home-dir /app --shell /usr/sbin/nologin llmlab \
+    && mkdir -p /var/lib/llmlab/accounting /var/lib/llmlab/router /var/lib/llmlab/gateway && chown -R llmlab /var/lib/llmlab
 USER llmlab
 
 # gateway 8080, workers 8090, simulators 8001/8002 (each service sets its own port).

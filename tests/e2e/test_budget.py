@@ -150,7 +150,8 @@ async def test_request_retried_after_its_worker_died_is_charged_once(stack: Stac
     fast = {"LLMLAB_WORKER_ACK_WAIT_S": "2"}
     doomed = stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, env=fast)
     admin = BudgetAdmin(url(stack.budget()))
-    gw = stack.gateway(auth="budget")
+    # The retry goes to the pool while a new worker starts: give it time on a busy machine.
+    gw = stack.gateway(auth="budget", queue_timeout_s=20, env={"LLMLAB_GATEWAY_EMPTY_POOL_WAIT_S": "15"})
     p = admin.provision("pro")
     call = asyncio.create_task(
         client(gw, p.api_key).chat.completions.create(model=LLAMA, messages=HELLO, max_tokens=50)

@@ -47,7 +47,10 @@ async def test_worker_dying_before_first_token_is_retried_as_attempt_2(stack: St
     sim = stack.sim("vllm", LLAMA, ttft_ms=1500, itl_ms=50, output_len=40)
     fast_redelivery = {"LLMLAB_WORKER_ACK_WAIT_S": "2"}
     doomed = stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, env=fast_redelivery, worker_id="w-1")
-    gw = stack.gateway(env={"LLMLAB_GATEWAY_GATEWAY_ID": "gwretry"})
+    # The retry goes to the pool while w-1 restarts: give the restart time on a busy machine.
+    gw = stack.gateway(
+        queue_timeout_s=20, env={"LLMLAB_GATEWAY_GATEWAY_ID": "gwretry", "LLMLAB_GATEWAY_EMPTY_POOL_WAIT_S": "15"}
+    )
     topo = Topology(stack.namespace)
     request_id: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     call = asyncio.create_task(_stream_chat(url(gw), request_id))

@@ -40,6 +40,8 @@ SETTINGS_OF_MODULE = {
     "llmlab_worker_sglang": ("llmlab_worker.settings", "WorkerSettings"),
     "llmlab_engine_sim": ("llmlab_engine_sim.settings", "SimSettings"),
     "llmlab_budget": ("llmlab_budget.settings", "BudgetSettings"),
+    "llmlab_router": ("llmlab_router.settings", "RouterSettings"),
+    "llmlab_accounting": ("llmlab_accounting.settings", "AccountingSettings"),
 }
 EXPECTED_SERVICES = {
     "nats",
@@ -50,6 +52,8 @@ EXPECTED_SERVICES = {
     "worker-vllm",
     "worker-sglang",
     "budget",
+    "router",
+    "accounting",
     "gateway",
 }
 GPU_SERVICES = {"vllm": "vllm/vllm-openai", "sglang": "lmsysorg/sglang"}
@@ -152,7 +156,16 @@ def test_compose_has_the_stack_and_the_gpu_profile() -> None:
     assert set(SERVICES) >= EXPECTED_SERVICES, EXPECTED_SERVICES - set(SERVICES)
     for name in EXPECTED_SERVICES:
         assert "profiles" not in SERVICES[name], f"{name} must start with a plain `docker compose up`"
-    assert set(OUR_SERVICES) == {"sim-vllm", "sim-sglang", "worker-vllm", "worker-sglang", "budget", "gateway"}
+    assert set(OUR_SERVICES) == {
+        "sim-vllm",
+        "sim-sglang",
+        "worker-vllm",
+        "worker-sglang",
+        "budget",
+        "router",
+        "accounting",
+        "gateway",
+    }
     for name, image in GPU_SERVICES.items():
         svc = SERVICES[name]
         assert svc["profiles"] == ["gpu"]
@@ -307,7 +320,7 @@ def test_prometheus_scrapes_the_services_that_exist() -> None:
     prom = _load(PROMETHEUS_FILE)
     assert prom["global"]["scrape_interval"] == "5s"
     jobs = {job["job_name"]: job for job in prom["scrape_configs"]}
-    assert set(jobs) == {"gateway", "workers", "engines"}
+    assert set(jobs) == {"gateway", "workers", "engines", "budget", "router", "accounting"}
     scraped: dict[str, set[str]] = {}
     for job_name, job in jobs.items():
         assert job.get("metrics_path", "/metrics") == "/metrics"
@@ -322,6 +335,8 @@ def test_prometheus_scrapes_the_services_that_exist() -> None:
     assert scraped["gateway"] == {"gateway"}
     assert scraped["workers"] == {"worker-vllm", "worker-sglang"}
     assert {"sim-vllm", "sim-sglang"} <= scraped["engines"]
+    for svc in ("budget", "router", "accounting"):
+        assert scraped[svc] == {svc}
 
 
 def test_redis_keeps_an_append_only_file() -> None:
