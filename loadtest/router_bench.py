@@ -137,6 +137,7 @@ def run_inprocess_once(
     policies = sorted(rc.routing.policies)
     queries = make_queries(calls + warmup, policies, rng)
     dlog = DecisionLog(log_dir / f"decisions-{seed}.jsonl")
+    gc.freeze()  # as the service does after start-up: set-up objects out of the collector's way
     modes = ("no-log", "log")
     samples: dict[tuple[str, str], list[float]] = {(p, m): [] for p in policies for m in modes}
     # On-CPU time of the call too: on a shared machine the wall-clock tail is mostly preemption.
@@ -510,6 +511,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("llmlab_router").setLevel(logging.WARNING)  # no per-decision log line
     args = parse_args(argv)
+    # As the router service runs (llmlab_router.__main__): a short GIL switch interval, so a
+    # decision waits at most that long for the decision log's writer thread.
+    from llmlab_router.settings import RouterSettings
+
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(RouterSettings().gil_switch_interval_s)
     command = "python loadtest/router_bench.py " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
     )
@@ -537,6 +544,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         catalog=args.catalog,
         catalog_version=rc.version,
         loadavg_before=[round(x, 2) for x in load0],
+        gil_switch_interval_s=RouterSettings().gil_switch_interval_s,
         loadavg_after=[round(x, 2) for x in os.getloadavg()],
     )
     doc: dict[str, Any] = {"meta": meta, "inprocess": inprocess}
@@ -567,6 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             s["cpu_p99_ms"]["worst"],
         )
     log.info("wrote %s", ", ".join(str(p) for p in paths.values()))
+    sys.setswitchinterval(switch_interval)
     return 0
 
 

@@ -19,5 +19,7 @@ class RouterSettings(ServiceSettings):
     # The catalog file is checked this often; a changed file is reloaded if valid, else the last
     # good catalog stays (the error is logged and shown on /admin/catalog).
     reload_interval_s: float = Field(default=2.0, gt=0)
+    # Bound on how long a decision waits for the decision log's writer thread (sys.setswitchinterval).
+    gil_switch_interval_s: float = Field(default=0.0005, gt=0, le=0.1)
     # Not ready until heartbeats have had time to arrive (else early requests see no workers).
     discovery_grace_s: float = Field(default=2.0, ge=0)
