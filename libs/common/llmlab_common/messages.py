@@ -67,6 +67,8 @@ class RouteInfo(BaseModel):
     reason: str = ""
     fallback_from: str | None = None  # deployment id of the attempt this one replaces
     slo_class: str | None = None
+    # blake2b of the whole prompt (not reversible): accounting counts identical prompts with it
+    prompt_hash: str | None = None
 
 
 class InferenceRequest(_RequestMsg):

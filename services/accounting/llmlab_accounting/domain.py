@@ -70,6 +70,7 @@ class AttemptRow(TypedDict):
     route_position: int | None
     fallback_from: str | None
     slo_class: str | None
+    prompt_hash: str | None
     prompt_tokens: int
     cached_tokens: int | None
     completion_tokens: int
@@ -247,6 +248,7 @@ def attempt_row(ev: AttemptEvent, catalog: Catalog, now: float | None = None) ->
         route_position=route.position if route else None,
         fallback_from=route.fallback_from if route else None,
         slo_class=slo_name,
+        prompt_hash=route.prompt_hash if route else None,
         prompt_tokens=prompt,
         cached_tokens=usage.cached_tokens if usage else None,
         completion_tokens=completion,

@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS attempts_raw
     route_position Nullable(UInt16),
     fallback_from Nullable(String),
     slo_class Nullable(String),
+    prompt_hash Nullable(String),
     prompt_tokens UInt32,
     cached_tokens Nullable(UInt32),
     completion_tokens UInt32,
@@ -68,6 +69,9 @@ CREATE TABLE IF NOT EXISTS attempts_raw
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(ended_at)
 ORDER BY (request_id, attempt, source);
+
+-- Directories created before the column existed.
+ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS prompt_hash Nullable(String) AFTER slo_class;
 
 CREATE TABLE IF NOT EXISTS requests_raw
 (
@@ -169,6 +173,7 @@ SELECT
     p.route_position AS route_position,
     p.fallback_from AS fallback_from,
     p.slo_class AS slo_class,
+    p.prompt_hash AS prompt_hash,
     b.b_prompt AS prompt_tokens,
     p.cached_tokens AS cached_tokens,
     b.b_completion AS completion_tokens,

@@ -92,7 +92,9 @@ def test_slo_verdicts_against_the_plan_class(catalog: Catalog, attempt_factory: 
 
 
 def test_route_info_is_carried(catalog: Catalog, attempt_factory: Factory) -> None:
-    route = RouteInfo(policy="p", policy_version="1", position=2, reason="r", fallback_from="x", slo_class="batch")
+    route = RouteInfo(
+        policy="p", policy_version="1", position=2, reason="r", fallback_from="x", slo_class="batch", prompt_hash="ab"
+    )
     row = attempt_row(attempt_factory(route=route), catalog)
     assert (row["route_policy"], row["route_position"], row["fallback_from"], row["slo_class"]) == (
         "p",
@@ -100,6 +102,7 @@ def test_route_info_is_carried(catalog: Catalog, attempt_factory: Factory) -> No
         "x",
         "batch",
     )
+    assert row["prompt_hash"] == "ab"
 
 
 def test_request_row(catalog: Catalog, refusal_factory: Callable[..., RequestEvent]) -> None:

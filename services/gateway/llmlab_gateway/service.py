@@ -4,6 +4,7 @@ the NATS side is behind :class:`Dispatcher`."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -125,6 +126,7 @@ class CallContext:
     # The budget's output allowance: sent to the engine as max_tokens when set.
     max_tokens: int | None = None
     hints: RouteHints = field(default_factory=RouteHints)
+    prompt_hash: str | None = None  # set when the request is routed
 
 
 @dataclass
@@ -287,6 +289,7 @@ class CompletionService:
             task = text = body.prompt_text()
         prompt = estimate_prompt(body)
         max_out = self._max_tokens(ctx)
+        ctx.prompt_hash = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
         h = ctx.hints
         return RouteQuery(
             request_id=ctx.request_id,
@@ -349,6 +352,7 @@ class CompletionService:
                 reason=reply.reason if attempt == 1 else f"fallback after {previous}: {failures[-1]}",
                 fallback_from=previous,
                 slo_class=reply.slo_class,
+                prompt_hash=ctx.prompt_hash,
             )
             req = self._build(ctx, dep, info, attempt, wait)
             handle = await self.dispatcher.dispatch(req, target)

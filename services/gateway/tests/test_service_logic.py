@@ -217,6 +217,16 @@ async def test_single_worker_retries_through_its_pool_then_another_deployment() 
     assert d.dispatched[2].route and d.dispatched[2].route.fallback_from == d.targets[0].deployment
 
 
+async def test_route_carries_a_prompt_hash_equal_for_equal_prompts() -> None:
+    d = FakeDispatcher(scripts=[[_started(1), _end(1, 1)] for _ in range(3)])
+    svc = _service(d)
+    for text in ("same question", "same question", "another one"):
+        req = ChatCompletionRequest.model_validate({"model": MODEL, "messages": [{"role": "user", "content": text}]})
+        await svc.open(CallContext("r", "chat", req, Principal(plan="free"), time.time()))
+    hashes = [r.route.prompt_hash for r in d.dispatched if r.route]
+    assert len(hashes) == 3 and hashes[0] == hashes[1] != hashes[2] and len(hashes[0] or "") == 32
+
+
 async def test_max_attempts_caps_the_chain() -> None:
     lost = [[_started(a), WorkerLost(a, "w")] for a in (1, 2, 3)]
     d = FakeDispatcher(workers=3, scripts=lost)
