@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import json
 import logging
 import multiprocessing as mp
 import os
@@ -53,7 +52,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_meta import dist_version, metadata_block  # noqa: E402
+from bench_meta import dist_version, metadata_block, write_outputs  # noqa: E402
 from llmlab_common.messages import AttemptEvent, Principal, Timings, Usage  # noqa: E402
 from llmlab_common.natsio import connect, delete_streams, ensure_streams  # noqa: E402
 from llmlab_common.subjects import Topology  # noqa: E402
@@ -457,15 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         event_bytes=len(event_template()),
     )
     doc = {"metadata": meta, "summary": summarise(runs), "runs": runs}
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    ts = started.strftime("%Y%m%dT%H%M%SZ")
-    paths = {ext: cfg.out / f"accounting-{ts}.{ext}" for ext in ("json", "md", "png")}
-    paths["json"].write_text(json.dumps(doc, indent=1))
-    paths["md"].write_text(render_markdown(doc))
-    try:
-        render_plot(doc, paths["png"])
-    except Exception:
-        log.exception("plot failed")
+    paths = write_outputs(doc, cfg.out, started, "accounting", render_markdown, render_plot)
     s = doc["summary"]
     log.info(
         "%s: sustained %s events/s (spread %s), visibility max %s s; wrote %s",
