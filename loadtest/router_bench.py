@@ -128,7 +128,14 @@ def _q(values: Sequence[float], q: float) -> float:
 
 
 def run_inprocess_once(
-    rc: RouterCatalog, *, workers: int, calls: int, warmup: int, seed: int, log_dir: Path
+    rc: RouterCatalog,
+    *,
+    workers: int,
+    calls: int,
+    warmup: int,
+    seed: int,
+    log_dir: Path,
+    modes: Sequence[str] = ("no-log", "log"),
 ) -> dict[str, Any]:
     """One measurement: ``warmup`` calls, then ``calls`` timed calls, policies and log modes interleaved."""
     rng = random.Random(seed)
@@ -136,9 +143,9 @@ def run_inprocess_once(
     hbs = synthetic_state(core, workers, rng, time.monotonic())
     policies = sorted(rc.routing.policies)
     queries = make_queries(calls + warmup, policies, rng)
-    dlog = DecisionLog(log_dir / f"decisions-{seed}.jsonl")
+    # Without "log" no writer thread exists at all: the decision alone, no GIL shared with it.
+    dlog = DecisionLog(log_dir / f"decisions-{seed}.jsonl") if "log" in modes else None
     gc.freeze()  # as the service does after start-up: set-up objects out of the collector's way
-    modes = ("no-log", "log")
     samples: dict[tuple[str, str], list[float]] = {(p, m): [] for p in policies for m in modes}
     # On-CPU time of the call too: on a shared machine the wall-clock tail is mostly preemption.
     cpu_samples: dict[tuple[str, str], list[float]] = {k: [] for k in samples}
@@ -151,7 +158,7 @@ def run_inprocess_once(
         if i % 64 == 0:  # fresh heartbeats (not timed): pending counts reset as in the service
             for hb in hbs:
                 core.state.on_heartbeat(hb)
-        mode = modes[(i // len(policies)) % 2]
+        mode = modes[(i // len(policies)) % len(modes)]
         core.log = dlog if mode == "log" else None
         c0, t0 = on_cpu(), perf()
         reply, _, _ = core.route(q)
@@ -163,7 +170,8 @@ def run_inprocess_once(
             cpu_samples[(q.policy or "", mode)].append(dc_ns / 1e6)
     wall = time.perf_counter() - w0
     cpu1 = proc.cpu_times()
-    dlog.close()
+    if dlog is not None:
+        dlog.close()
     log_bytes = sum(p.stat().st_size for p in log_dir.glob(f"decisions-{seed}.jsonl*"))
     rows = []
     for (p, m), v in samples.items():
@@ -189,13 +197,20 @@ def run_inprocess_once(
         "refused_replies": errors,
         "wall_s": round(wall, 3),
         "cpu_s": round((cpu1.user - cpu0.user) + (cpu1.system - cpu0.system), 3),
-        "decision_log_bytes_per_record": round(log_bytes / max(1, (calls + warmup) // 2)),
+        "decision_log_bytes_per_record": round(log_bytes / max(1, (calls + warmup) // len(modes))),
         "rows": rows,
     }
 
 
 def bench_inprocess(
-    rc: RouterCatalog, *, workers: int, calls: int, warmup: int, repeats: int, seed: int
+    rc: RouterCatalog,
+    *,
+    workers: int,
+    calls: int,
+    warmup: int,
+    repeats: int,
+    seed: int,
+    modes: Sequence[str] = ("no-log", "log"),
 ) -> dict[str, Any]:
     runs = []
     with tempfile.TemporaryDirectory(prefix="router-bench-") as tmp:
@@ -203,7 +218,9 @@ def bench_inprocess(
             gc.collect()
             log.info("in-process run %d/%d: %d workers, %d calls (+%d warm-up)", r + 1, repeats, workers, calls, warmup)
             runs.append(
-                run_inprocess_once(rc, workers=workers, calls=calls, warmup=warmup, seed=seed + r, log_dir=Path(tmp))
+                run_inprocess_once(
+                    rc, workers=workers, calls=calls, warmup=warmup, seed=seed + r, log_dir=Path(tmp), modes=modes
+                )
             )
     summary = []
     for row in runs[0]["rows"]:
@@ -472,8 +489,9 @@ def render_plot(doc: dict[str, Any], path: Path) -> None:
 
     ip = doc["inprocess"]
     policies = sorted({s["policy"] for s in ip["summary"]})
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
-    for ax, mode in zip(axes, ("no-log", "log"), strict=True):
+    modes = [m for m in ("no-log", "log") if any(s["mode"] == m for s in ip["summary"])]
+    fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 4.5), sharey=True, squeeze=False)
+    for ax, mode in zip(axes[0], modes, strict=True):
         rows = {s["policy"]: s for s in ip["summary"] if s["mode"] == mode}
         x = range(len(policies))
         for off, k in ((-0.25, "p50_ms"), (0.0, "p95_ms"), (0.25, "p99_ms")):
@@ -494,6 +512,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--catalog", default=str(REPO / "configs" / "catalog.yaml"))
     p.add_argument("--workers", type=int, default=64)
     p.add_argument("--calls", type=int, default=48_000, help="timed calls per run (all policies, both log modes)")
+    p.add_argument(
+        "--modes",
+        default="no-log,log",
+        help="decision-log modes interleaved: no-log,log (default) or no-log alone (no writer thread at all)",
+    )
     p.add_argument("--warmup", type=int, default=2_000)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
@@ -525,7 +548,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     load0 = os.getloadavg()
     rc = load_router_catalog(args.catalog)
     inprocess = bench_inprocess(
-        rc, workers=args.workers, calls=args.calls, warmup=args.warmup, repeats=args.repeats, seed=args.seed
+        rc,
+        workers=args.workers,
+        calls=args.calls,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        seed=args.seed,
+        modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
     )
     meta = metadata_block(
         started=started,
