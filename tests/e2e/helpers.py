@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 
@@ -39,3 +40,35 @@ async def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+async def stream_chat(
+    base: str, request_id: asyncio.Future[str], api_key: str = DEV_KEY, max_tokens: int = 50
+) -> tuple[int, str, str | None]:
+    """Stream one chat completion of LLAMA; ``request_id`` resolves as soon as headers arrive.
+    Returns (status, text, finish_reason); an in-band error event fails the test."""
+    text, finish = [], None
+    async with (
+        httpx.AsyncClient(timeout=30) as h,
+        h.stream(
+            "POST",
+            base + "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {api_key}"},
+            json={
+                "model": LLAMA,
+                "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": max_tokens,
+                "stream": True,
+            },
+        ) as resp,
+    ):
+        request_id.set_result(resp.headers["x-request-id"])
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            obj = json.loads(line[6:])
+            assert "error" not in obj, obj
+            if obj["choices"]:
+                text.append(obj["choices"][0]["delta"].get("content") or "")
+                finish = obj["choices"][0]["finish_reason"] or finish
+        return resp.status_code, "".join(text), finish

@@ -7,13 +7,12 @@ redelivery."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 
 import httpx
 import pytest
-from helpers import LLAMA, client, eventually, metric, sim_stats
+from helpers import LLAMA, client, eventually, metric, sim_stats, stream_chat
 from llmlab_common.natsio import connect
 from llmlab_common.subjects import Topology
 from llmlab_testkit.budget import DEV_ADMIN_KEY, BudgetAdmin
@@ -40,29 +39,6 @@ async def wait_rows(acc: ManagedProcess, query: str, want: Any, timeout: float =
     await eventually(lambda: sql(acc, query) == want, timeout=timeout, what=f"{query} == {want}")
 
 
-async def stream_chat(base: str, request_id: asyncio.Future[str], api_key: str) -> tuple[int, str, str | None]:
-    text, finish = [], None
-    async with (
-        httpx.AsyncClient(timeout=30) as h,
-        h.stream(
-            "POST",
-            base + "/v1/chat/completions",
-            headers={"Authorization": f"Bearer {api_key}"},
-            json={"model": LLAMA, "messages": HELLO, "max_tokens": 8, "stream": True},
-        ) as resp,
-    ):
-        request_id.set_result(resp.headers["x-request-id"])
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            obj = json.loads(line[6:])
-            assert "error" not in obj, obj
-            if obj["choices"]:
-                text.append(obj["choices"][0]["delta"].get("content") or "")
-                finish = obj["choices"][0]["finish_reason"] or finish
-        return resp.status_code, "".join(text), finish
-
-
 async def test_attempts_and_requests_rows_with_hand_calculated_costs(stack: Stack) -> None:
     # A long prefill keeps attempt 1 before its first token while we kill its worker.
     sim = stack.sim("vllm", LLAMA, ttft_ms=4000, itl_ms=20, output_len=8)
@@ -85,7 +61,7 @@ async def test_attempts_and_requests_rows_with_hand_calculated_costs(stack: Stac
 
     # 1. A request whose first worker dies before the first token: retried as attempt 2.
     rid: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    call = asyncio.create_task(stream_chat(url(gw), rid, p.api_key))
+    call = asyncio.create_task(stream_chat(url(gw), rid, p.api_key, max_tokens=8))
     await eventually(lambda: sim_stats(sim)["received"] == 1, what="attempt 1 on the engine")
 
     def busy() -> list[ManagedProcess]:

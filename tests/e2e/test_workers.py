@@ -4,15 +4,12 @@ requests, a worker that dies before the first token is replaced by a retry."""
 from __future__ import annotations
 
 import asyncio
-import json
 
-import httpx
 import pytest
-from helpers import LLAMA, QWEN, client, eventually, metric, sim_stats
+from helpers import LLAMA, QWEN, client, eventually, metric, sim_stats, stream_chat
 from llmlab_common.messages import TokenChunk
 from llmlab_common.natsio import connect
 from llmlab_common.subjects import Topology
-from llmlab_testkit.fixtures import DEV_KEY
 from llmlab_testkit.procs import Stack, url
 
 pytestmark = pytest.mark.e2e
@@ -53,7 +50,7 @@ async def test_worker_dying_before_first_token_is_retried_as_attempt_2(stack: St
     )
     topo = Topology(stack.namespace)
     request_id: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    call = asyncio.create_task(_stream_chat(url(gw), request_id))
+    call = asyncio.create_task(stream_chat(url(gw), request_id))
     await eventually(lambda: sim_stats(sim)["received"] == 1, what="attempt 1 on the engine")
     doomed.kill()  # SIGKILL: no drain, no ack, heartbeats stop
     # The router addressed attempt 1 to w-1's own consumer; w-1 restarts under the same identity
@@ -87,29 +84,6 @@ async def test_worker_dying_before_first_token_is_retried_as_attempt_2(stack: St
     await eventually(lambda: dropped() >= 1, timeout=15, what="redelivered attempt 1 dropped")
     assert metric(survivor, "llmlab_worker_attempts_total", outcome="completed") == 1
     assert sim_stats(sim)["received"] == 2
-
-
-async def _stream_chat(base: str, request_id: asyncio.Future[str]) -> tuple[int, str, str | None]:
-    text, finish = [], None
-    async with (
-        httpx.AsyncClient(timeout=30) as h,
-        h.stream(
-            "POST",
-            base + "/v1/chat/completions",
-            headers={"Authorization": f"Bearer {DEV_KEY}"},
-            json={"model": LLAMA, "messages": HELLO, "max_tokens": 50, "stream": True},
-        ) as resp,
-    ):
-        request_id.set_result(resp.headers["x-request-id"])
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            obj = json.loads(line[6:])
-            assert "error" not in obj, obj
-            choice = obj["choices"][0]
-            text.append(choice["delta"].get("content") or "")
-            finish = choice["finish_reason"] or finish
-        return resp.status_code, "".join(text), finish
 
 
 async def test_a_request_can_target_one_worker_of_the_pool(stack: Stack) -> None:
