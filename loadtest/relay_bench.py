@@ -51,6 +51,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bench_meta import cpu_model, dist_version, git  # noqa: E402
+from llmlab_common.messages import HEARTBEAT_MISSES  # noqa: E402
 from llmlab_testkit.procs import ManagedProcess, Stack, unique_namespace, url  # noqa: E402
 from sse_client import percentile, raise_nofile_limit  # noqa: E402
 
@@ -61,7 +62,6 @@ API_KEY = "sk-llmlab-dev"
 POOL = "gpu-vllm"
 MODES = ("direct", "stack")
 SERVICES = ("simulator", "worker", "gateway", "nats-server")
-HEARTBEAT_MISSES = 3  # llmlab_gateway.dispatch.HEARTBEAT_MISSES: silent intervals before a worker is "lost"
 SATURATED_CORE = 0.85  # a single-threaded event loop at >= this share of one core is the bottleneck
 
 # Targets (benchmark figures, compared and printed; never asserted).

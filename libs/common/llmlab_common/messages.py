@@ -202,6 +202,10 @@ class EngineLoad(BaseModel):
     mean_queue_time_s: float | None = None  # windowed, from the engine's queue-time histogram
 
 
+# A worker silent for this many of its heartbeat intervals is gone (gateway and router alike).
+HEARTBEAT_MISSES = 3
+
+
 class Heartbeat(_Msg):
     worker_id: str
     pool: str

@@ -141,9 +141,10 @@ def create_app(settings: GatewaySettings, admitter: Admitter | None = None) -> F
             settings.worker_discovery_grace_s,
             settings.worker_sweep_interval_s,
         )
-        await dispatcher.start()
         live = LiveState()
-        feed = LiveFeed(nc, js, topo, live)
+        dispatcher.heartbeat_listeners.append(live.on_heartbeat)  # the dispatcher already parses them
+        await dispatcher.start()
+        feed = LiveFeed(nc, js, topo, live, heartbeats=False)
         await feed.start()
         dlog = DecisionLog(settings.decision_log) if settings.decision_log is not None else None
         core = RouterCore(holder, live, dlog)

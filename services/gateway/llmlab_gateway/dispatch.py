@@ -8,12 +8,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmlab_common.errors import PayloadTooLarge
 from llmlab_common.messages import (
+    HEARTBEAT_MISSES,
     STREAM_MESSAGE,
     AliveProbe,
     AliveReply,
@@ -37,8 +38,6 @@ from pydantic import ValidationError
 from llmlab_gateway.service import AttemptMessage, StreamGap, WorkerLost
 
 log = logging.getLogger(__name__)
-
-HEARTBEAT_MISSES = 3  # a worker silent for this many of its intervals is gone
 
 
 @dataclass
@@ -125,6 +124,9 @@ class NatsDispatcher:
         self.topo = topo
         self.gateway_id = gateway_id
         self.registry = WorkerRegistry()
+        # Others in this process that want each heartbeat (the embedded router's live state):
+        # one subscription and one parse per heartbeat.
+        self.heartbeat_listeners: list[Callable[[Heartbeat], None]] = []
         self.inflight: dict[str, _Inflight] = {}
         self._started_at = time.monotonic()
         self._grace = discovery_grace_s
@@ -267,6 +269,8 @@ class NatsDispatcher:
             log.warning("malformed heartbeat dropped from %s", msg.subject)
             return
         self.registry.update(hb)
+        for listener in self.heartbeat_listeners:
+            listener(hb)
 
     async def _sweep_loop(self) -> None:
         while True:

@@ -20,12 +20,17 @@ log = logging.getLogger(__name__)
 
 
 class LiveFeed:
-    def __init__(self, nc: NATS, js: JetStreamContext, topo: Topology, state: LiveState) -> None:
+    def __init__(
+        self, nc: NATS, js: JetStreamContext, topo: Topology, state: LiveState, heartbeats: bool = True
+    ) -> None:
         self.nc, self.js, self.topo, self.state = nc, js, topo, state
+        # False where the process already parses heartbeats and hands them to state.on_heartbeat.
+        self.heartbeats = heartbeats
         self._subs: list[Subscription] = []
 
     async def start(self) -> None:
-        self._subs.append(await self.nc.subscribe(self.topo.heartbeat_wildcard, cb=self._on_heartbeat))
+        if self.heartbeats:
+            self._subs.append(await self.nc.subscribe(self.topo.heartbeat_wildcard, cb=self._on_heartbeat))
         self._subs.append(
             await self.js.subscribe(
                 self.topo.attempt_event_subject,

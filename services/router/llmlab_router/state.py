@@ -8,10 +8,9 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from llmlab_common.messages import AttemptEvent, Heartbeat
+from llmlab_common.messages import HEARTBEAT_MISSES, AttemptEvent, Heartbeat
 from llmlab_common.stats import quantile
 
-HEARTBEAT_MISSES = 3  # a worker silent for this many of its intervals is gone (as the gateway)
 _FAILED = {"engine_error", "worker_lost", "abandoned"}
 
 
@@ -101,9 +100,6 @@ class LiveState:
             st.itl.add(now, itl_s)
 
     # -- reads -----------------------------------------------------------------------------------
-    def live_workers(self, pool: str, now: float) -> list[Heartbeat]:
-        return self.live_entries(pool, now)[0]
-
     def live_entries(self, pool: str, now: float) -> tuple[list[Heartbeat], list[int]]:
         """Live, ready workers of a pool with what this router sent each since its heartbeat."""
         hbs, pending = [], []
@@ -112,9 +108,6 @@ class LiveState:
                 hbs.append(w.hb)
                 pending.append(w.pending)
         return hbs, pending
-
-    def worker(self, worker_id: str) -> _Worker | None:
-        return self.workers.get(worker_id)
 
     def prefix_match(self, worker_id: str, hashes: list[str]) -> int:
         """How many leading blocks were last sent to this worker (stops at the first that was not)."""

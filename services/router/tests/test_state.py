@@ -34,8 +34,8 @@ def done(dep: str, ttft: float, outcome: str = "completed") -> AttemptEvent:
 def test_dead_workers_age_out_and_pending_resets_on_heartbeat() -> None:
     st = LiveState()
     st.on_heartbeat(hb("w1", interval=1.0), now=100.0)
-    assert [h.worker_id for h in st.live_workers("gpu-vllm", 102.9)] == ["w1"]
-    assert st.live_workers("gpu-vllm", 103.1) == []
+    assert [h.worker_id for h in st.live_entries("gpu-vllm", 102.9)[0]] == ["w1"]
+    assert st.live_entries("gpu-vllm", 103.1)[0] == []
     st.commit("d", "w1", [])
     st.commit("d", "w1", [])
     assert st.workers["w1"].pending == 2
