@@ -189,7 +189,8 @@ class RouterCore:
             # serialises them, off the decision path.
             at = time.time()
             self.log.write(lambda: make_record(inp, dec, at))
-        log.info("route %s: %s", q.request_id, dec.reason)
+        # One line per decision at DEBUG: the decision record has it all, and the gateway logs the reason.
+        log.debug("route %s: %s", q.request_id, dec.reason)
         reply = RouteReply(
             request_id=q.request_id,
             targets=[RouteTarget(deployment=t.deployment, pool=t.pool, worker_id=t.worker_id) for t in dec.targets],
