@@ -19,7 +19,7 @@ from llmlab_common.errors import AuthenticationFailed, InvalidRequest, LLMLabErr
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmlab_accounting.settings import AccountingSettings
-from llmlab_accounting.store import ClickHouseStore
+from llmlab_accounting.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def check_read_only(sql: str) -> str:
     return body
 
 
-def admin_router(store: ClickHouseStore, settings: AccountingSettings) -> APIRouter:
+def admin_router(store: Store, settings: AccountingSettings) -> APIRouter:
     router = APIRouter()
     bearer = HTTPBearer(auto_error=False, description="Admin key")
     root_digest = settings.admin_key_sha256.lower().encode()

@@ -16,11 +16,11 @@ from llmlab_common.runtime import ServiceState, ops_router
 from llmlab_common.subjects import Topology
 
 from llmlab_accounting.admin_api import admin_router, install_error_handlers
-from llmlab_accounting.decode import Decoder
+from llmlab_accounting.decode import Decoder, tune_gc
 from llmlab_accounting.metrics import AccountingMetrics
 from llmlab_accounting.service import AccountingService
 from llmlab_accounting.settings import AccountingSettings
-from llmlab_accounting.store import ClickHouseStore
+from llmlab_accounting.store import ClickHouseStore, Store, StoreProcess
 from llmlab_accounting.transport import AccountingTransport
 
 log = logging.getLogger(__name__)
@@ -32,8 +32,9 @@ def create_app(settings: AccountingSettings) -> FastAPI:
     state = ServiceState()
     catalog = load_catalog(settings.infra.catalog_path)
     # Opened here, not in the lifespan: a second process on the same chdb directory fails at
-    # once (StoreLocked) instead of after binding its port.
-    store = ClickHouseStore.open(settings.store_dsn, settings.data_dir)
+    # once (StoreLocked) instead of after binding its port. chdb runs in a child process (it
+    # holds the GIL while it works); a server's client is cheap in-process.
+    store: Store = ClickHouseStore.open(settings.store_dsn) if settings.store_dsn else StoreProcess(settings.data_dir)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -55,6 +56,7 @@ def create_app(settings: AccountingSettings) -> FastAPI:
             app.state.transport = transport
             state.checks["nats"] = lambda: nc.is_connected
             where = "a ClickHouse server" if settings.store_dsn else f"chdb at {settings.data_dir}"
+            tune_gc()
             log.info("accounting up on %s:%d (namespace %s, %s)", settings.host, settings.port, topo.namespace, where)
             yield
 

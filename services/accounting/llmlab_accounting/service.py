@@ -13,10 +13,11 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-import orjson
+import pyarrow as pa
 from llmlab_common.catalog import Catalog
 
 from llmlab_accounting.attribution import Span, WorkerPeriod, attribute
+from llmlab_accounting.columns import ATTEMPT_SCHEMA, REQUEST_SCHEMA, to_arrow
 from llmlab_accounting.domain import AttemptRow, RequestRow
 from llmlab_accounting.metrics import AccountingMetrics
 from llmlab_accounting.store import (
@@ -24,7 +25,7 @@ from llmlab_accounting.store import (
     ATTRIBUTION_TABLE,
     PERIODS_TABLE,
     REQUESTS_TABLE,
-    ClickHouseStore,
+    Store,
 )
 
 log = logging.getLogger(__name__)
@@ -32,28 +33,26 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Batch:
-    """Rows as JSONEachRow lines (see :mod:`llmlab_accounting.decode`)."""
+    """Rows as Arrow tables (see :mod:`llmlab_accounting.columns`)."""
 
-    attempts: list[bytes] = field(default_factory=list)
-    requests: list[bytes] = field(default_factory=list)
+    attempts: pa.Table
+    requests: pa.Table
     ended_at: list[float] = field(default_factory=list)  # a sample, for the ingest-lag histogram
 
     @classmethod
     def of(cls, attempts: list[AttemptRow], requests: list[RequestRow] | None = None) -> Batch:
         return cls(
-            [orjson.dumps(r) for r in attempts],
-            [orjson.dumps(r) for r in requests or []],
+            to_arrow(attempts, ATTEMPT_SCHEMA),
+            to_arrow(requests or [], REQUEST_SCHEMA),
             [r["ended_at"] for r in attempts[-50:]],
         )
 
     def __len__(self) -> int:
-        return len(self.attempts) + len(self.requests)
+        return int(self.attempts.num_rows + self.requests.num_rows)
 
 
 class AccountingService:
-    def __init__(
-        self, store: ClickHouseStore, catalog: Catalog, metrics: AccountingMetrics, prefill_weight: float = 1.0
-    ) -> None:
+    def __init__(self, store: Store, catalog: Catalog, metrics: AccountingMetrics, prefill_weight: float = 1.0) -> None:
         self.store = store
         self.catalog = catalog
         self.m = metrics
@@ -65,8 +64,8 @@ class AccountingService:
         """Blocking. Both tables dedup by key (ReplacingMergeTree), so re-inserting a batch after a
         crash or a failed ack is harmless."""
         t0 = time.perf_counter()
-        self.store.insert_json(ATTEMPTS_TABLE, batch.attempts)
-        self.store.insert_json(REQUESTS_TABLE, batch.requests)
+        self.store.insert_arrow(ATTEMPTS_TABLE, batch.attempts)
+        self.store.insert_arrow(REQUESTS_TABLE, batch.requests)
         self.m.insert_seconds.observe(time.perf_counter() - t0)
         self.m.batches.inc()
         self.m.batch_rows.observe(len(batch))

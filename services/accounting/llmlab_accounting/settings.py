@@ -26,12 +26,12 @@ class AccountingSettings(ServiceSettings):
     admin_key_sha256: str = DEV_ADMIN_KEY_SHA256
     # Ingest: a batch is inserted when it holds batch_rows events or its oldest event waited
     # flush_interval_s, whichever comes first; messages are acked only after the insert.
-    batch_rows: int = Field(default=5000, ge=1)
+    batch_rows: int = Field(default=20_000, ge=1)
     flush_interval_s: float = Field(default=1.0, gt=0)
-    fetch_batch: int = Field(default=1000, ge=1)
-    # 0: events are validated and mapped in the event loop (about 10-15k events/s on one core);
-    # N: in N worker processes, for higher ingest rates.
-    decode_processes: int = Field(default=0, ge=0)
+    fetch_batch: int = Field(default=2_000, ge=1)
+    # Validation and row mapping of fetched chunks (of 256 events or more) in N worker processes,
+    # beside the event loop; 0: in the event loop, which then caps ingest at one core.
+    decode_processes: int = Field(default=1, ge=0)
     # Unacked messages (a killed process) come back after ack_wait_s: larger than a flush plus
     # the slowest insert, or a healthy batch would be redelivered while it is being inserted.
     ack_wait_s: float = Field(default=60.0, gt=0)

@@ -4,6 +4,11 @@ on an embedded chdb directory (the default) or a ClickHouse server (``store_dsn`
 clickhouse-connect has no async client and chdb runs in-process, so callers run these methods in a
 worker thread (``asyncio.to_thread``); one lock serialises them (neither client is thread-safe).
 
+chdb holds the GIL while it runs a statement, so in a service an insert or a long report query
+would stall its event loop (NATS, HTTP): the service runs its chdb store in a child process
+(:class:`StoreProcess`), which it talks to through a pipe; the CLIs use :class:`ClickHouseStore`
+in-process.
+
 Single writer: chdb allows one process per data directory. Before opening it this process takes
 an exclusive ``flock`` on ``<data_dir>/accounting.lock`` (non-blocking): a second process is refused
 with :class:`StoreLocked` naming the holder's pid. The kernel drops the lock when the holder's file
@@ -12,19 +17,24 @@ descriptor closes, so it is released on any exit, SIGKILL included.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import ctypes
 import fcntl
 import logging
+import multiprocessing
 import os
 import re
+import signal
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import clickhouse_connect
+import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -118,9 +128,14 @@ class ClickHouseStore:
                 self.client.command(stmt)
 
     # -- writes (blocking: call through asyncio.to_thread) --------------------------------------
+    def insert_arrow(self, table: str, data: pa.Table) -> None:
+        """Insert an Arrow table (the ingest path: no text for ClickHouse to parse)."""
+        if data.num_rows:
+            with self._mutex:
+                self.client.insert_arrow(table, data)
+
     def insert_json(self, table: str, lines: Iterable[bytes]) -> None:
-        """Insert JSONEachRow lines: ClickHouse parses the block natively (much faster than
-        building its native format row by row in Python)."""
+        """Insert JSONEachRow lines (small, infrequent writes such as attribution rows)."""
         block = b"\n".join(lines)
         if block:
             with self._mutex:
@@ -151,3 +166,99 @@ class ClickHouseStore:
     def scalar(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
         rows = self.query(sql, parameters).rows
         return rows[0][0] if rows else None
+
+
+class Store(Protocol):
+    """What the service needs of a store: :class:`ClickHouseStore` or :class:`StoreProcess`."""
+
+    def ensure_schema(self) -> None: ...
+    def insert_arrow(self, table: str, data: pa.Table) -> None: ...
+    def insert_json(self, table: str, lines: Iterable[bytes]) -> None: ...
+    def query(
+        self,
+        sql: str,
+        parameters: dict[str, Any] | None = None,
+        *,
+        readonly: bool = True,
+        max_rows: int | None = None,
+        timeout_s: int | None = None,
+    ) -> QueryResult: ...
+    def scalar(self, sql: str, parameters: dict[str, Any] | None = None) -> Any: ...
+    def close(self) -> None: ...
+
+
+# -- the store in a child process ----------------------------------------------------------------
+_child_store: ClickHouseStore | None = None
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this process when its parent dies (SIGKILL included), so the
+    writer lock never outlives the service. (A pool worker would otherwise wait forever.)"""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _child_open(data_dir: str) -> int:
+    global _child_store
+    _die_with_parent()
+    _child_store = ClickHouseStore.open(data_dir=Path(data_dir))
+    return os.getpid()
+
+
+def _child_call(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if _child_store is None:
+        raise RuntimeError("the store process has no open store")
+    return getattr(_child_store, method)(*args, **kwargs)
+
+
+class StoreProcess:
+    """A :class:`ClickHouseStore` on a chdb directory, run by one child process: calls block the
+    calling thread (use ``asyncio.to_thread``) and run one at a time, in order. The child takes
+    the writer lock; it dies with this process."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        # One worker, spawned by this first submit from the calling thread (the parent-death
+        # signal follows the thread that forks: open from the main thread).
+        self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        try:
+            self.pid = self._pool.submit(_child_open, str(self.data_dir)).result()
+        except BaseException:
+            self._pool.shutdown(wait=True)
+            raise
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self._pool.submit(_child_call, method, args, kwargs).result()
+
+    def ensure_schema(self) -> None:
+        self._call("ensure_schema")
+
+    def insert_arrow(self, table: str, data: pa.Table) -> None:
+        if data.num_rows:
+            self._call("insert_arrow", table, data)
+
+    def insert_json(self, table: str, lines: Iterable[bytes]) -> None:
+        self._call("insert_json", table, list(lines))
+
+    def query(
+        self,
+        sql: str,
+        parameters: dict[str, Any] | None = None,
+        *,
+        readonly: bool = True,
+        max_rows: int | None = None,
+        timeout_s: int | None = None,
+    ) -> QueryResult:
+        result: QueryResult = self._call(
+            "query", sql, parameters, readonly=readonly, max_rows=max_rows, timeout_s=timeout_s
+        )
+        return result
+
+    def scalar(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
+        return self._call("scalar", sql, parameters)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._call("close")
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,5 +1,8 @@
 """NATS side of the accounting service: one durable pull consumer on the events stream, batched by
-size and time, acked only after the batch is in ClickHouse; and the periodic attribution loop."""
+size and time, acked only after the batch is in ClickHouse; and the periodic attribution loop.
+
+Ingest is a pipeline: fetch → decode (per fetched chunk, in worker processes when configured) →
+commit (insert in a thread, then ack), in stream order."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import contextlib
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 
 from llmlab_common.subjects import Topology
 from nats.aio.client import Client as NATS
@@ -18,12 +22,28 @@ from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from llmlab_accounting.attribution import period_bounds
-from llmlab_accounting.decode import Decoder, Item
+from llmlab_accounting.decode import Decoded, Decoder, Item
 from llmlab_accounting.service import AccountingService, Batch
 from llmlab_accounting.settings import AccountingSettings
 
 log = logging.getLogger(__name__)
 STATUS_HDR = "Status"
+# Whole batches queued for the commit loop while the next one is fetched: bounds memory, and the
+# unacked messages (max_ack_pending covers them).
+PIPELINE_BATCHES = 2
+
+
+@dataclass
+class _Pending:
+    """A batch being fetched: its messages in stream order and the decode of each fetched chunk."""
+
+    msgs: list[Msg] = field(default_factory=list)
+    parts: list[asyncio.Task[tuple[list[Msg], Decoded]]] = field(default_factory=list)
+    due: float = 0.0  # monotonic time by which it is committed, full or not
+
+    def add(self, msgs: list[Msg], part: asyncio.Task[tuple[list[Msg], Decoded]]) -> None:
+        self.msgs += msgs
+        self.parts.append(part)
 
 
 class BatchPuller:
@@ -90,7 +110,6 @@ class AccountingTransport:
         self.decoder = decoder
         self.settings = settings
         self._puller: BatchPuller | None = None
-        self._inflight: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self.last_flush_at = 0.0
@@ -108,7 +127,7 @@ class AccountingTransport:
             ack_wait=s.ack_wait_s,
             # Accounting wants the whole retained history (7 days) on first start.
             deliver_policy=DeliverPolicy.ALL,
-            max_ack_pending=max(4 * s.batch_rows, 10_000),
+            max_ack_pending=max((PIPELINE_BATCHES + 2) * s.batch_rows, 10_000),
             max_waiting=16,
         )
         try:
@@ -152,55 +171,78 @@ class AccountingTransport:
             if len(items) >= self.settings.batch_rows or seq == last:
                 # Malformed ones: the previous process dead-lettered them, or their redelivery will.
                 d = await self.decoder.decode(items)
-                await asyncio.to_thread(self.service.insert, Batch(d.attempts, d.requests, d.ended_at))
-                n, items = n + len(d.attempts) + len(d.requests), []
+                batch = d.batch()
+                await asyncio.to_thread(self.service.insert, batch)
+                n, items = n + len(batch), []
         log.warning("recovered %d events", n)
 
     async def _ingest_loop(self, puller: BatchPuller) -> None:
+        """Fetch, and start decoding each fetched chunk at once; hand whole batches (size or time
+        bound) to the commit loop, which inserts and acks them in order. With decode processes
+        the three stages overlap: the event loop keeps fetching while earlier chunks are decoded
+        in another process and an earlier batch is inserted by chdb in a thread."""
         s = self.settings
-        pending: list[Msg] = []
-        first_at = 0.0
-        while not self._stopping:
-            wait = s.flush_interval_s if not pending else max(0.01, first_at + s.flush_interval_s - time.monotonic())
-            want = min(s.fetch_batch, s.batch_rows - len(pending))
-            try:
-                msgs = await puller.pull(want, wait)
-            except Exception as exc:
-                if self._stopping:
-                    break
-                log.warning("events fetch failed: %s", exc)
-                await asyncio.sleep(1)
-                continue
-            if msgs and not pending:
-                first_at = time.monotonic()
-            pending.extend(msgs)
-            if pending and (len(pending) >= s.batch_rows or time.monotonic() - first_at >= s.flush_interval_s):
-                await self._flush(pending)
-                pending = []
-        if pending:
-            await self._flush(pending)
-        if self._inflight is not None:
-            await self._inflight
+        commits: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=PIPELINE_BATCHES)
+        committer = asyncio.create_task(self._commit_loop(commits), name="accounting-commit")
+        batch = _Pending()
+        try:
+            while not self._stopping and not committer.done():
+                wait = s.flush_interval_s if not batch.msgs else max(0.01, batch.due - time.monotonic())
+                want = min(s.fetch_batch, s.batch_rows - len(batch.msgs))
+                try:
+                    msgs = await puller.pull(want, wait)
+                except Exception as exc:
+                    if self._stopping:
+                        break
+                    log.warning("events fetch failed: %s", exc)
+                    await asyncio.sleep(1)
+                    continue
+                if msgs:
+                    if not batch.msgs:
+                        batch.due = time.monotonic() + s.flush_interval_s
+                    batch.add(msgs, self._start_decode(msgs))
+                if batch.msgs and (len(batch.msgs) >= s.batch_rows or time.monotonic() >= batch.due):
+                    await commits.put(batch)  # waits while PIPELINE_BATCHES are ahead: backpressure
+                    batch = _Pending()
+            if batch.msgs:
+                await commits.put(batch)
+        finally:
+            if not committer.done():
+                await commits.put(None)
+            await committer
 
-    async def _flush(self, msgs: list[Msg]) -> None:
+    def _start_decode(self, msgs: list[Msg]) -> asyncio.Task[tuple[list[Msg], Decoded]]:
         attempt_subject, request_subject = self.topo.attempt_event_subject, self.topo.request_event_subject
+        # Dead letters and any future event kinds are not ours; they are acked with the batch.
         ours = [m for m in msgs if m.subject in (attempt_subject, request_subject)]
-        # dead letters and any future event kinds: not ours, acked with the batch
-        decoded = await self.decoder.decode([(m.subject == attempt_subject, m.data) for m in ours])
-        for i, why in decoded.bad:
-            await self._dead_letter(ours[i], why)
-        m = self.service.m
-        m.events.labels("attempt").inc(len(decoded.attempts))
-        m.events.labels("request").inc(len(decoded.requests))
-        m.events.labels("ignored").inc(len(msgs) - len(ours))
-        batch = Batch(decoded.attempts, decoded.requests, decoded.ended_at)
-        # One insert in flight while the next batch is fetched and decoded: chdb parses and
-        # writes in its own thread while this loop does the Python work.
-        if self._inflight is not None:
-            await self._inflight
-        self._inflight = asyncio.create_task(self._insert_and_ack(batch, msgs))
+        self.service.m.events.labels("ignored").inc(len(msgs) - len(ours))
 
-    async def _insert_and_ack(self, batch: Batch, msgs: list[Msg]) -> None:
+        async def run() -> tuple[list[Msg], Decoded]:
+            return ours, await self.decoder.decode([(m.subject == attempt_subject, m.data) for m in ours])
+
+        return asyncio.create_task(run())
+
+    async def _commit_loop(self, commits: asyncio.Queue[_Pending | None]) -> None:
+        """Batches in fetch order: dead-letter the malformed, insert, and only then ack (ack-all
+        needs inserts in stream order, hence one loop)."""
+        m = self.service.m
+        gave_up = False
+        while (batch := await commits.get()) is not None:
+            if gave_up:
+                continue  # after an unacked batch nothing may be acked (ack-all would cover it)
+            decoded = Decoded()
+            for part in batch.parts:
+                ours, d = await part
+                for i, why in d.bad:
+                    await self._dead_letter(ours[i], why)
+                decoded.extend(d)
+            rows = decoded.batch()
+            m.events.labels("attempt").inc(rows.attempts.num_rows)
+            m.events.labels("request").inc(rows.requests.num_rows)
+            gave_up = not await self._insert_and_ack(rows, batch.msgs)
+
+    async def _insert_and_ack(self, batch: Batch, msgs: list[Msg]) -> bool:
+        """Insert (retrying until it works or the service stops), then ack; False: not acked."""
         delay = 0.5
         while True:
             try:
@@ -211,7 +253,7 @@ class AccountingTransport:
                 self.service.m.insert_errors.inc()
                 log.exception("insert of %d rows failed; retrying in %.1fs", len(batch), delay)
                 if self._stopping:
-                    return  # unacked: redelivered to the next process
+                    return False  # unacked: redelivered to the next process
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
         if msgs:
@@ -221,6 +263,7 @@ class AccountingTransport:
             with contextlib.suppress(Exception):
                 await msgs[-1].ack()
         self.last_flush_at = time.time()
+        return True
 
     async def _dead_letter(self, msg: Msg, why: str) -> None:
         self.service.m.events.labels("dead_letter").inc()

@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from llmlab_accounting.domain import attempt_class, attempt_row, error_class, is_billing, request_row
+from llmlab_accounting.domain import (
+    AttemptRow,
+    attempt_class,
+    attempt_columns,
+    attempt_row,
+    error_class,
+    is_billing,
+    request_row,
+)
 from llmlab_common.catalog import Catalog
 from llmlab_common.messages import AttemptEvent, ErrorInfo, RequestEvent, RouteInfo, Timings
 
@@ -108,3 +116,21 @@ def test_route_info_is_carried(catalog: Catalog, attempt_factory: Factory) -> No
 def test_request_row(catalog: Catalog, refusal_factory: Callable[..., RequestEvent]) -> None:
     row = request_row(refusal_factory(), catalog)
     assert (row["status"], row["status_class"], row["tenant_id"]) == (429, "refused_budget", "acme")
+
+
+def test_columns_of_a_mixed_batch_are_the_rows_of_each_event(catalog: Catalog, attempt_factory: Factory) -> None:
+    events = [
+        attempt_factory("a", 1, "completed", prompt=100, completion=40),
+        attempt_factory("b", 1, "worker_lost", "gateway"),
+        attempt_factory("c", 1, "cancelled", "gateway", prompt=0, completion=5, error_code="client_disconnected"),
+        attempt_factory("d", 2, "completed", deployment="no-such-deployment", model="unknown/model"),
+        attempt_factory(
+            "e", 1, "completed", route=RouteInfo(policy="auto", policy_version="v1", reason="r", slo_class="batch")
+        ),
+    ]
+    cols = attempt_columns(events, catalog, now=123.0)
+    assert list(cols) == list(AttemptRow.__annotations__)  # the table's column order
+    assert all(len(v) == len(events) for v in cols.values())
+    for i, ev in enumerate(events):
+        assert {k: v[i] for k, v in cols.items()} == attempt_row(ev, catalog, now=123.0)
+    assert attempt_columns([], catalog) == {k: [] for k in AttemptRow.__annotations__}

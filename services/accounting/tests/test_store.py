@@ -12,10 +12,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from llmlab_accounting.columns import ATTEMPT_SCHEMA, REQUEST_SCHEMA
 from llmlab_accounting.domain import attempt_row, request_row
 from llmlab_accounting.metrics import AccountingMetrics
 from llmlab_accounting.service import AccountingService, Batch
-from llmlab_accounting.store import ClickHouseStore, StoreLocked
+from llmlab_accounting.store import ClickHouseStore, StoreLocked, StoreProcess
 from llmlab_common.catalog import Catalog
 from llmlab_common.messages import AttemptEvent, RequestEvent
 from llmlab_common.metrics import Metrics
@@ -84,22 +85,34 @@ def test_queries_are_read_only(store: ClickHouseStore) -> None:
 
 
 _HOLDER = """
-import sys, time
-from llmlab_accounting.store import ClickHouseStore
-s = ClickHouseStore.open(data_dir=sys.argv[1])
+import os, sys, time
+from llmlab_accounting.store import ClickHouseStore, StoreProcess
+if sys.argv[2] == "child":
+    s = StoreProcess(sys.argv[1])
+    owner = s.pid
+else:
+    s = ClickHouseStore.open(data_dir=sys.argv[1])
+    owner = os.getpid()
 s.ensure_schema()
-print("open", flush=True)
+print("open", owner, flush=True)
 time.sleep(60)
 """
 
 
-def test_second_writer_is_refused_and_the_lock_survives_no_sigkill(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["in-process", "child"])
+def test_second_writer_is_refused_and_the_lock_survives_no_sigkill(tmp_path: Path, kind: str) -> None:
+    """The service's store runs in a child process ("child"): killing the service with SIGKILL
+    must take the child, and so the lock, with it."""
     data = tmp_path / "chdb"
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(data)], stdout=subprocess.PIPE)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(data), kind], stdout=subprocess.PIPE)
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == b"open"
-        with pytest.raises(StoreLocked, match=f"pid {holder.pid}"):
+        assert holder.stdout is not None
+        word, owner = holder.stdout.readline().split()
+        assert word == b"open"
+        with pytest.raises(StoreLocked, match=f"pid {int(owner)}"):
             ClickHouseStore.open(data_dir=data)
+        with pytest.raises(StoreLocked, match=f"pid {int(owner)}"):  # the service's way: refused alike
+            StoreProcess(data)
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait(10)
     finally:
@@ -119,3 +132,29 @@ def test_second_writer_is_refused_and_the_lock_survives_no_sigkill(tmp_path: Pat
         assert s.query("SELECT count() FROM attempts").rows == [[0]]
     finally:
         s.close()
+
+
+def test_arrow_batches_match_the_table_and_keep_every_value(
+    store: ClickHouseStore, catalog: Catalog, attempt_factory: Callable[..., AttemptEvent]
+) -> None:
+    """The Arrow schema derived from the row types is the table's, and a row read back equals the
+    row inserted (timestamps to the millisecond)."""
+    for table, schema in (("attempts_raw", ATTEMPT_SCHEMA), ("requests_raw", REQUEST_SCHEMA)):
+        cols = store.query(f"SELECT name FROM system.columns WHERE table = '{table}' ORDER BY position").rows
+        assert [c for (c,) in cols] == schema.names
+    row = attempt_row(
+        attempt_factory("rt", 1, "completed", prompt=7, completion=3, ended_at=1_800_000_000.1234), catalog
+    )
+    svc = AccountingService(store, catalog, AccountingMetrics(Metrics("t")))
+    svc.insert(Batch.of([row]))
+    res = store.query(
+        "SELECT * EXCEPT (created_at, started_at, ended_at, ingested_at),"
+        " toFloat64(created_at), toFloat64(started_at), toFloat64(ended_at) FROM attempts_raw"
+    )
+    got = dict(zip(res.columns, res.rows[0], strict=True))
+    for k, v in row.items():
+        if k.endswith("_at"):
+            if k != "ingested_at":
+                assert v is not None and got[f"toFloat64({k})"] == pytest.approx(v, abs=1e-3), k
+        else:
+            assert got[k] == v, k
