@@ -53,6 +53,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bench_meta import dist_version, metadata_block, write_outputs  # noqa: E402
+from llmlab_accounting.settings import AccountingSettings  # noqa: E402
 from llmlab_common.messages import AttemptEvent, Principal, Timings, Usage  # noqa: E402
 from llmlab_common.natsio import connect, delete_streams, ensure_streams  # noqa: E402
 from llmlab_common.subjects import Topology  # noqa: E402
@@ -68,6 +69,7 @@ ADMIN_KEY = "sk-admin-dev"
 @dataclass
 class Config:
     rate: int
+    capacity_rate: int
     duration: float
     repeats: int
     sample_s: float
@@ -112,14 +114,43 @@ def event_template() -> str:
     return ev.model_dump_json()
 
 
-def _publisher(ns: str, rate: int, duration: float, start_at: float, out: Any) -> None:
-    """Separate process: publish ``rate × duration`` events in 10 ms slices from ``start_at``."""
+async def _raw_nats(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A bare NATS protocol connection (INFO, CONNECT; PING answered by ``_pong``)."""
+    host, port = url.removeprefix("nats://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    await reader.readline()  # INFO {...}
+    writer.write(b'CONNECT {"verbose":false,"pedantic":false,"name":"accounting-bench-publisher"}\r\nPING\r\n')
+    await writer.drain()
+    if not (await reader.readline()).startswith(b"PONG"):
+        raise RuntimeError("NATS did not answer the publisher's CONNECT")
+    return reader, writer
 
-    async def run() -> list[tuple[int, float]]:
+
+def _publisher(ns: str, rate: int, duration: float, start_at: float, out: Any) -> None:
+    """Separate process: publish ``rate × duration`` events in 10 ms slices from ``start_at``.
+
+    It speaks the NATS protocol itself (one write of ``PUB`` frames per slice) instead of calling
+    nats-py per event: the publisher stands for workers on other machines, and on these 2 shared
+    cores every microsecond it spends is taken from the service under test (nats-py cost it
+    ~8 µs an event, this ~1)."""
+
+    async def run() -> tuple[list[tuple[int, float]], float]:
         topo = Topology(ns)
-        nc = await connect(NATS_URL, "accounting-bench-publisher")
-        tpl = event_template()
-        head, tail = tpl.split("@RID@")
+        reader, writer = await _raw_nats(NATS_URL)
+        pongs: asyncio.Queue[None] = asyncio.Queue()
+
+        async def answer_pings() -> None:
+            while line := await reader.readline():
+                if line.startswith(b"PING"):
+                    writer.write(b"PONG\r\n")
+                elif line.startswith(b"PONG"):
+                    pongs.put_nowait(None)
+                elif line.startswith(b"-ERR"):
+                    log.error("NATS refused the publisher: %s", line.decode().strip())
+
+        pinger = asyncio.create_task(answer_pings())
+        head, tail = (s.encode() for s in event_template().split("@RID@"))
+        frame_head = f"PUB {topo.attempt_event_subject} {len(head) + len(tail) + 10}\r\n".encode() + head
         total = int(rate * duration)
         per_slice = max(1, rate // 100)
         progress: list[tuple[int, float]] = []
@@ -128,21 +159,47 @@ def _publisher(ns: str, rate: int, duration: float, start_at: float, out: Any) -
             await asyncio.sleep(0.001)
         t0 = time.monotonic()
         wall0 = time.time()
+        cpu0 = time.process_time()
         while sent < total:
             due = t0 + (sent / rate)
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             n = min(per_slice, total - sent)
-            for i in range(sent, sent + n):
-                await nc.publish(topo.attempt_event_subject, f"{head}b{i:09d}{tail}".encode())
+            writer.write(b"".join(b"%sb%09d%s\r\n" % (frame_head, i, tail) for i in range(sent, sent + n)))
+            await writer.drain()
             sent += n
-            await nc.flush()
             progress.append((sent, wall0 + (time.monotonic() - t0)))
-        await nc.close()
-        return progress
+        cpu_s = time.process_time() - cpu0
+        writer.write(b"PING\r\n")  # the server answers after it has processed every PUB before it
+        await asyncio.wait_for(pongs.get(), 30)
+        pinger.cancel()
+        writer.close()
+        return progress, cpu_s
 
     out.put(asyncio.run(run()))
+
+
+def cpu_seconds(proc: psutil.Process | None, children: bool = False) -> float:
+    """User + system CPU seconds of ``proc`` (and its live children: the decode workers)."""
+    if proc is None:
+        return 0.0
+    procs = [proc, *(proc.children(recursive=True) if children else [])]
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:  # gone
+            continue
+        total += t.user + t.system
+    return total
+
+
+def nats_server_process() -> psutil.Process | None:
+    for p in psutil.process_iter(["name"]):
+        if p.info["name"] == "nats-server":
+            return p
+    return None
 
 
 def free_port() -> int:
@@ -159,7 +216,7 @@ def count_visible(client: httpx.Client) -> int:
     return int(r.json()["rows"][0][0])
 
 
-def one_run(cfg: Config, rep: int) -> dict[str, Any]:
+def one_run(cfg: Config, rep: int, phase: str, rate: int) -> dict[str, Any]:
     ns = f"bench{os.getpid() % 10000}r{rep}{int(time.time()) % 100000}"
     topo = Topology(ns)
     data_dir = Path(tempfile.mkdtemp(prefix="llmlab-accounting-bench-"))
@@ -208,15 +265,17 @@ def one_run(cfg: Config, rep: int) -> dict[str, Any]:
                 )
             time.sleep(0.1)
         proc = psutil.Process(svc.pid)
-        total = int(cfg.rate * cfg.duration)
+        total = int(rate * cfg.duration)
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
         start_at = time.time() + 2.0
-        pub = ctx.Process(target=_publisher, args=(ns, cfg.rate, cfg.duration, start_at, q))
+        pub = ctx.Process(target=_publisher, args=(ns, rate, cfg.duration, start_at, q))
         pub.start()
         while time.time() < start_at:
             time.sleep(0.01)
-        cpu0 = proc.cpu_times()
+        nats_server = nats_server_process()
+        cpu0 = cpu_seconds(proc, children=True)
+        nats0 = cpu_seconds(nats_server)
         psutil.cpu_percent(None)
         samples: list[tuple[float, int]] = []
         timeout_at = time.time() + cfg.duration + 120
@@ -227,9 +286,10 @@ def one_run(cfg: Config, rep: int) -> dict[str, Any]:
             samples.append((t, c))
             if c >= total or t > timeout_at:
                 break
-        cpu1 = proc.cpu_times()
+        cpu1 = cpu_seconds(proc, children=True)
         machine_cpu = psutil.cpu_percent(None)
-        progress: list[tuple[int, float]] = q.get(timeout=60)
+        nats1 = cpu_seconds(nats_server)
+        progress, pub_cpu_s = q.get(timeout=60)
         pub.join(30)
         dedup = client.post(
             "/admin/v1/query", json={"sql": "SELECT count(), uniqExact(request_id, attempt) FROM attempts"}
@@ -260,20 +320,25 @@ def one_run(cfg: Config, rep: int) -> dict[str, Any]:
     lo = next((s for s in samples if s[1] >= 0.2 * total), None)
     hi = next((s for s in samples if s[1] >= 0.8 * total), None)
     slope = (hi[1] - lo[1]) / (hi[0] - lo[0]) if lo and hi and hi[0] > lo[0] else None
-    svc_cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     window = samples[-1][0] - first_pub
+    pub_window = last_pub - first_pub
     return {
         "repeat": rep,
+        "phase": phase,
+        "rate_offered": rate,
         "events": total,
         "visible_events": samples[-1][1],
         "view_count_and_uniq": dedup,
         "publish_rate_achieved": total / max(last_pub - first_pub, 1e-9),
-        "sustained_events_per_s": total / elapsed if elapsed else None,
+        "end_to_end_events_per_s": total / elapsed if elapsed else None,
         "steady_events_per_s_20_80": slope,
         "visibility_s_p50": statistics.median(lags) if lags else None,
         "visibility_s_p95": sorted(lags)[int(0.95 * (len(lags) - 1))] if lags else None,
         "visibility_s_max": max(lags) if lags else None,
-        "service_cpu_cores": svc_cpu_s / window if window > 0 else None,
+        "service_cpu_cores": (cpu1 - cpu0) / window if window > 0 else None,
+        # The harness on the same cores: the publisher while it publishes, NATS for the whole run.
+        "publisher_cpu_cores": pub_cpu_s / max(pub_window, 1e-9),
+        "nats_server_cpu_cores": (nats1 - nats0) / window if window > 0 else None,
         "machine_cpu_percent": machine_cpu,
         "samples": [(round(t - first_pub, 3), c) for t, c in samples],
         "published": [(n, round(t - first_pub, 3)) for n, t in progress[:: max(1, len(progress) // 200)]],
@@ -289,26 +354,40 @@ def spread(vals: list[float | None]) -> dict[str, float | None]:
 
 # The per-repeat figures summarised (mean, min, max, spread) and shown in the table, in this order.
 SUMMARY_KEYS = (
-    "sustained_events_per_s",
+    "end_to_end_events_per_s",
     "steady_events_per_s_20_80",
     "publish_rate_achieved",
     "visibility_s_p50",
     "visibility_s_p95",
     "visibility_s_max",
     "service_cpu_cores",
+    "publisher_cpu_cores",
+    "nats_server_cpu_cores",
     "machine_cpu_percent",
 )
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    s: dict[str, Any] = {k: spread([r[k] for r in runs]) for k in SUMMARY_KEYS}
-    worst_rate = min((r["sustained_events_per_s"] or 0) for r in runs)
-    worst_vis = max((r["visibility_s_max"] or float("inf")) for r in runs)
+    """Visibility is judged at the target rate, where the service must keep up; the ingest rate is
+    judged in the capacity phase, offered more than it can take, where the steady slope of the
+    visible count is what it sustains. (At exactly the target rate the end-to-end figure is the
+    offered rate less the fixed tail of the last flush, so it cannot show whether 20k/s is held.)"""
+    target = [r for r in runs if r["phase"] == "target"]
+    capacity = [r for r in runs if r["phase"] == "capacity"]
+    s: dict[str, Any] = {
+        phase: {k: spread([r[k] for r in rs]) for k in SUMMARY_KEYS}
+        for phase, rs in (("target_phase", target), ("capacity_phase", capacity))
+        if rs
+    }
+    worst_vis = max((r["visibility_s_max"] or float("inf")) for r in target)
+    # Without a capacity phase (--capacity-rate 0) the target phase's steady slope stands in.
+    worst_rate = min((r["steady_events_per_s_20_80"] or 0) for r in (capacity or target))
     s["target"] = (
-        f">= {TARGET_RATE:,} events/s sustained into chdb with visibility <= {TARGET_VISIBILITY_S:g} s (worst repeat)"
+        f">= {TARGET_RATE:,} events/s sustained into chdb (steady ingest rate, capacity phase) with visibility "
+        f"<= {TARGET_VISIBILITY_S:g} s at {TARGET_RATE:,} events/s offered (worst repeat)"
     )
     s["result"] = "MET" if worst_rate >= TARGET_RATE and worst_vis <= TARGET_VISIBILITY_S else "MISS"
-    s["worst_sustained_events_per_s"] = worst_rate
+    s["worst_steady_events_per_s"] = worst_rate
     s["worst_visibility_s_max"] = worst_vis
     s["exactly_once"] = all(r["view_count_and_uniq"][0] == r["view_count_and_uniq"][1] == r["events"] for r in runs)
     return s
@@ -328,19 +407,29 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"Command: `{m['command_line']}`  ",
         f"Commit `{m['git_commit'][:12]}`{' (dirty working tree)' if m['git_dirty'] else ''}; {m['cpu']}; "
         f"{m['ram']} RAM; chdb {m['chdb_version']}; clickhouse-connect {m['clickhouse_connect_version']}; "
-        f"{m['repeats']} repeats of {m['publish_seconds_per_repeat']:g} s publishing at {m['rate_events_per_s']:,} "
-        f"events/s offered ({m['duration']} in all).",
+        f"{m['repeats']} repeats, each of a target phase ({m['rate_events_per_s']:,} events/s offered) and a "
+        f"capacity phase ({m['capacity_rate_events_per_s']:,} events/s offered), {m['publish_seconds_per_repeat']:g} s "
+        f"of publishing each ({m['duration']} in all).",
         "",
-        f"**{s['result']}**: {s['target']}. Worst repeat: {_f(s['worst_sustained_events_per_s'])} events/s, "
+        f"**{s['result']}**: {s['target']}. Worst repeat: steady ingest {_f(s['worst_steady_events_per_s'])} events/s, "
         f"visibility max {_f(s['worst_visibility_s_max'], 2)} s; one row per attempt: {s['exactly_once']}.",
-        "",
-        "| figure | mean | min | max | spread |",
-        "|---|---|---|---|---|",
     ]
-    for k in SUMMARY_KEYS:
-        v = s[k]
-        nd = 2 if "visibility" in k or "cpu" in k else 0
-        lines.append(f"| {k} | {_f(v['mean'], nd)} | {_f(v['min'], nd)} | {_f(v['max'], nd)} | {_f(v['spread'], nd)} |")
+    for phase in ("target_phase", "capacity_phase"):
+        if phase not in s:
+            continue
+        lines += [
+            "",
+            f"### {phase.replace('_', ' ')}",
+            "",
+            "| figure | mean | min | max | spread |",
+            "|---|---|---|---|---|",
+        ]
+        for k in SUMMARY_KEYS:
+            v = s[phase][k]
+            nd = 2 if "visibility" in k or "cpu" in k else 0
+            lines.append(
+                f"| {k} | {_f(v['mean'], nd)} | {_f(v['min'], nd)} | {_f(v['max'], nd)} | {_f(v['spread'], nd)} |"
+            )
     lines += ["", "## Metadata", ""] + [f"- **{k}**: {v}" for k, v in m.items() if k != "what_is_measured"]
     return "\n".join(lines) + "\n"
 
@@ -351,14 +440,19 @@ def render_plot(doc: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for r in doc["runs"]:
-        ax.plot([p[1] for p in r["published"]], [p[0] for p in r["published"]], "--", label=f"published #{r['repeat']}")
-        ax.plot([s[0] for s in r["samples"]], [s[1] for s in r["samples"]], label=f"visible in chdb #{r['repeat']}")
-    ax.set_xlabel("seconds since the first publish")
-    ax.set_ylabel("events")
-    ax.set_title(f"Accounting ingest {doc['metadata']['date']} — {doc['summary']['result']}", fontsize=10)
-    ax.legend(fontsize=8)
+    phases = sorted({r["phase"] for r in doc["runs"]}, key=["target", "capacity"].index)
+    fig, axes = plt.subplots(1, len(phases), figsize=(6 * len(phases), 4.5), squeeze=False)
+    for ax, phase in zip(axes[0], phases, strict=True):
+        for r in (r for r in doc["runs"] if r["phase"] == phase):
+            pub = r["published"]
+            ax.plot([p[1] for p in pub], [p[0] for p in pub], "--", label=f"published #{r['repeat']}")
+            ax.plot([s[0] for s in r["samples"]], [s[1] for s in r["samples"]], label=f"visible in chdb #{r['repeat']}")
+        rate = next(r["rate_offered"] for r in doc["runs"] if r["phase"] == phase)
+        ax.set_title(f"{phase} phase: {rate:,} events/s offered", fontsize=10)
+        ax.set_xlabel("seconds since the first publish")
+        ax.set_ylabel("events")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Accounting ingest {doc['metadata']['date']} — {doc['summary']['result']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -366,22 +460,33 @@ def render_plot(doc: dict[str, Any], path: Path) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> Config:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rate", type=int, default=TARGET_RATE, help="events/s offered")
+    p.add_argument("--rate", type=int, default=TARGET_RATE, help="events/s offered in the target phase")
+    p.add_argument(
+        "--capacity-rate", type=int, default=30_000, help="events/s offered in the capacity phase (0: no such phase)"
+    )
     p.add_argument("--duration", type=float, default=20.0, help="seconds of publishing per repeat")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--sample-s", type=float, default=0.25)
-    p.add_argument("--batch-rows", type=int, default=20_000)
-    p.add_argument("--flush-interval-s", type=float, default=1.0)
-    p.add_argument("--fetch-batch", type=int, default=2_000)
-    p.add_argument("--decode-processes", type=int, default=0, help="the service's decode worker processes")
-    p.add_argument("--quick", action="store_true", help="2,000 events/s for 3 s, 1 repeat")
+    # The service's own defaults unless told otherwise: the benchmark measures what ships.
+    defaults = AccountingSettings.model_fields
+    p.add_argument("--batch-rows", type=int, default=defaults["batch_rows"].default)
+    p.add_argument("--flush-interval-s", type=float, default=defaults["flush_interval_s"].default)
+    p.add_argument("--fetch-batch", type=int, default=defaults["fetch_batch"].default)
+    p.add_argument(
+        "--decode-processes",
+        type=int,
+        default=defaults["decode_processes"].default,
+        help="the service's decode worker processes",
+    )
+    p.add_argument("--quick", action="store_true", help="2,000 events/s for 3 s, 1 repeat, no capacity phase")
     p.add_argument("--out", type=Path, default=REPO / "results")
     a = p.parse_args(argv)
     if a.quick:
-        a.rate, a.duration, a.repeats = 2000, 3.0, 1
+        a.rate, a.capacity_rate, a.duration, a.repeats = 2000, 0, 3.0, 1
     cmd = " ".join(shlex.quote(x) for x in [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])
     return Config(
         a.rate,
+        a.capacity_rate,
         a.duration,
         a.repeats,
         a.sample_s,
@@ -401,23 +506,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()
     runs = []
+    phases = [("target", cfg.rate)] + ([("capacity", cfg.capacity_rate)] if cfg.capacity_rate else [])
     for rep in range(1, cfg.repeats + 1):
-        log.info("repeat %d: %d events/s for %.0f s", rep, cfg.rate, cfg.duration)
-        r = one_run(cfg, rep)
-        log.info(
-            "repeat %d: sustained %s events/s, visibility p50 %s s max %s s",
-            rep,
-            _f(r["sustained_events_per_s"]),
-            _f(r["visibility_s_p50"], 2),
-            _f(r["visibility_s_max"], 2),
-        )
-        runs.append(r)
+        for phase, rate in phases:
+            log.info("repeat %d, %s phase: %d events/s for %.0f s", rep, phase, rate, cfg.duration)
+            r = one_run(cfg, rep, phase, rate)
+            log.info(
+                "repeat %d, %s phase: steady %s events/s, end-to-end %s events/s, visibility p50 %s s max %s s",
+                rep,
+                phase,
+                _f(r["steady_events_per_s_20_80"]),
+                _f(r["end_to_end_events_per_s"]),
+                _f(r["visibility_s_p50"], 2),
+                _f(r["visibility_s_max"], 2),
+            )
+            runs.append(r)
     meta = metadata_block(
         started=started,
         duration_s=time.monotonic() - t0,
         engine="n/a (no inference engine: the accounting service's NATS → chdb ingest path)",
         model_id="n/a (synthetic AttemptEvents of meta-llama/Llama-3.1-8B-Instruct; no model runs)",
-        concurrency=f"one publisher process at {cfg.rate:,} events/s in 10 ms slices; one accounting process",
+        concurrency=(
+            f"one publisher process (raw NATS protocol) at {cfg.rate:,} then {cfg.capacity_rate:,} events/s in 10 ms "
+            "slices; one accounting service (its decode and chdb child processes included in its CPU)"
+        ),
         warmup="none (the service starts empty; its first batch is part of the measurement)",
         prompt_dataset="n/a (no prompts)",
         input_length_distribution="n/a (events carry constant usage: 412 prompt / 128 completion tokens)",
@@ -431,11 +543,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         label=LABEL,
         simulated_note="not simulated: " + LABEL,
         what_is_measured=(
-            "Sustained = events / (all visible − first publish); visibility = count() sample time − publish "
-            f"time of the newest counted event (sampled every {cfg.sample_s:g} s through the service's query "
+            "Steady = slope of the visible count between 20 % and 80 % of the events; end-to-end = events / (all "
+            "visible − first publish), which includes the last flush's tail; visibility = count() sample time − "
+            f"publish time of the newest counted event (sampled every {cfg.sample_s:g} s through the service's query "
             "endpoint)."
         ),
         rate_events_per_s=cfg.rate,
+        capacity_rate_events_per_s=cfg.capacity_rate,
         publish_seconds_per_repeat=cfg.duration,
         repeats=cfg.repeats,
         service_settings={
@@ -453,11 +567,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = write_outputs(doc, cfg.out, started, "accounting", render_markdown, render_plot)
     s = doc["summary"]
     log.info(
-        "%s: sustained %s events/s (spread %s), visibility max %s s; wrote %s",
+        "%s: worst steady ingest %s events/s, worst visibility max %s s at %s events/s; wrote %s",
         s["result"],
-        _f(s["sustained_events_per_s"]["mean"]),
-        _f(s["sustained_events_per_s"]["spread"]),
+        _f(s["worst_steady_events_per_s"]),
         _f(s["worst_visibility_s_max"], 2),
+        _f(cfg.rate),
         ", ".join(str(p) for p in paths.values()),
     )
     return 0
