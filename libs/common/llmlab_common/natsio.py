@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 
-import nats
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -20,7 +19,9 @@ EVENTS_MAX_AGE_S = 7 * 24 * 3600.0  # consumers (budget, accounting) must catch 
 DUPLICATE_WINDOW_S = 120.0
 
 
-async def connect(url: str, name: str) -> NATS:
+async def connect(url: str, name: str, client: NATS | None = None) -> NATS:
+    """Connect ``client`` (a fresh nats-py client by default: a subclass may be passed in)."""
+
     async def _err(exc: Exception) -> None:
         log.warning("nats error: %s", exc)
 
@@ -30,17 +31,19 @@ async def connect(url: str, name: str) -> NATS:
     async def _reconn() -> None:
         log.info("nats reconnected")
 
-    return await nats.connect(
+    nc = client if client is not None else NATS()
+    await nc.connect(
         url,
         name=name,
         error_cb=_err,
         disconnected_cb=_disc,
         reconnected_cb=_reconn,
         max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
+        reconnect_time_wait=0.5,  # type: ignore[arg-type]  # typed int, used as seconds (float)
         # 1,000 streams of tokens: keep a large pending buffer so a slow callback is not a slow consumer.
         pending_size=256 * 1024 * 1024,
     )
+    return nc
 
 
 def stream_configs(topo: Topology) -> list[StreamConfig]:

@@ -17,6 +17,7 @@ from llmlab_common.subjects import Topology
 
 from llmlab_accounting.admin_api import admin_router, install_error_handlers
 from llmlab_accounting.decode import Decoder, tune_gc
+from llmlab_accounting.fetch import IngestClient
 from llmlab_accounting.metrics import AccountingMetrics
 from llmlab_accounting.service import AccountingService
 from llmlab_accounting.settings import AccountingSettings
@@ -43,7 +44,7 @@ def create_app(settings: AccountingSettings) -> FastAPI:
             store.ensure_schema()
             service = AccountingService(store, catalog, am, settings.prefill_weight)
             topo = Topology(settings.infra.namespace)
-            nc = await connect(settings.infra.nats_url, "accounting")
+            nc = await connect(settings.infra.nats_url, "accounting", IngestClient())
             stack.push_async_callback(nc.drain)
             js = nc.jetstream()
             await ensure_streams(js, topo)

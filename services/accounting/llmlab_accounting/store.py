@@ -241,18 +241,9 @@ class StoreProcess:
     def insert_json(self, table: str, lines: Iterable[bytes]) -> None:
         self._call("insert_json", table, list(lines))
 
-    def query(
-        self,
-        sql: str,
-        parameters: dict[str, Any] | None = None,
-        *,
-        readonly: bool = True,
-        max_rows: int | None = None,
-        timeout_s: int | None = None,
-    ) -> QueryResult:
-        result: QueryResult = self._call(
-            "query", sql, parameters, readonly=readonly, max_rows=max_rows, timeout_s=timeout_s
-        )
+    def query(self, sql: str, parameters: dict[str, Any] | None = None, **options: Any) -> QueryResult:
+        """:meth:`ClickHouseStore.query` in the child (``readonly``, ``max_rows``, ``timeout_s``)."""
+        result: QueryResult = self._call("query", sql, parameters, **options)
         return result
 
     def scalar(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:

@@ -8,26 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 
 from llmlab_common.subjects import Topology
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from llmlab_accounting.attribution import period_bounds
 from llmlab_accounting.decode import Decoded, Decoder, Item
+from llmlab_accounting.fetch import BatchPuller, Fetched
 from llmlab_accounting.service import AccountingService, Batch
 from llmlab_accounting.settings import AccountingSettings
 
 log = logging.getLogger(__name__)
-STATUS_HDR = "Status"
 # Whole batches queued for the commit loop while the next one is fetched: bounds memory, and the
 # unacked messages (max_ack_pending covers them).
 PIPELINE_BATCHES = 2
@@ -37,62 +34,13 @@ PIPELINE_BATCHES = 2
 class _Pending:
     """A batch being fetched: its messages in stream order and the decode of each fetched chunk."""
 
-    msgs: list[Msg] = field(default_factory=list)
-    parts: list[asyncio.Task[tuple[list[Msg], Decoded]]] = field(default_factory=list)
+    msgs: list[Fetched] = field(default_factory=list)
+    parts: list[asyncio.Task[tuple[list[Fetched], Decoded]]] = field(default_factory=list)
     due: float = 0.0  # monotonic time by which it is committed, full or not
 
-    def add(self, msgs: list[Msg], part: asyncio.Task[tuple[list[Msg], Decoded]]) -> None:
+    def add(self, msgs: list[Fetched], part: asyncio.Task[tuple[list[Fetched], Decoded]]) -> None:
         self.msgs += msgs
         self.parts.append(part)
-
-
-class BatchPuller:
-    """Pull requests on our own inbox, messages collected by a plain callback.
-
-    nats-py's ``fetch(n)`` creates a task and a ``wait_for`` per message, which costs more than
-    everything else accounting does per event; a subscription callback that appends to a list is
-    a few microseconds."""
-
-    def __init__(self, nc: NATS, stream: str, consumer: str, api_prefix: str = "$JS.API") -> None:
-        self.nc = nc
-        self._next_subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
-        self._inbox = nc.new_inbox()
-        self._sub: Subscription | None = None
-        self._buf: list[Msg] = []
-        self._want = 0
-        self._done = asyncio.Event()
-
-    async def start(self) -> None:
-        self._sub = await self.nc.subscribe(self._inbox, cb=self._on_msg)
-
-    async def close(self) -> None:
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
-
-    async def pull(self, n: int, expires_s: float) -> list[Msg]:
-        """Up to ``n`` messages, returning when ``n`` arrived or the pull expired."""
-        self._want = n
-        self._done.clear()
-        req = {"batch": n, "expires": int(max(expires_s, 0.01) * 1e9)}
-        await self.nc.publish(self._next_subject, json.dumps(req).encode(), reply=self._inbox)
-        with contextlib.suppress(TimeoutError):
-            # The server ends the pull with a status (408 on expiry) when not filled.
-            await asyncio.wait_for(self._done.wait(), expires_s + 2.0)
-        # A late message of an earlier pull lands in the next batch: still processed and acked.
-        out, self._buf = self._buf, []
-        return out
-
-    async def _on_msg(self, msg: Msg) -> None:
-        status = msg.headers.get(STATUS_HDR) if msg.headers else None
-        if status is not None:
-            if status != "100":  # 100: idle heartbeat; 404/408/409 end the pull
-                self._done.set()
-            return
-        self._buf.append(msg)
-        if len(self._buf) >= self._want:
-            self._done.set()
 
 
 class AccountingTransport:
@@ -211,13 +159,13 @@ class AccountingTransport:
                 await commits.put(None)
             await committer
 
-    def _start_decode(self, msgs: list[Msg]) -> asyncio.Task[tuple[list[Msg], Decoded]]:
+    def _start_decode(self, msgs: list[Fetched]) -> asyncio.Task[tuple[list[Fetched], Decoded]]:
         attempt_subject, request_subject = self.topo.attempt_event_subject, self.topo.request_event_subject
         # Dead letters and any future event kinds are not ours; they are acked with the batch.
         ours = [m for m in msgs if m.subject in (attempt_subject, request_subject)]
         self.service.m.events.labels("ignored").inc(len(msgs) - len(ours))
 
-        async def run() -> tuple[list[Msg], Decoded]:
+        async def run() -> tuple[list[Fetched], Decoded]:
             return ours, await self.decoder.decode([(m.subject == attempt_subject, m.data) for m in ours])
 
         return asyncio.create_task(run())
@@ -241,7 +189,7 @@ class AccountingTransport:
             m.events.labels("request").inc(rows.requests.num_rows)
             gave_up = not await self._insert_and_ack(rows, batch.msgs)
 
-    async def _insert_and_ack(self, batch: Batch, msgs: list[Msg]) -> bool:
+    async def _insert_and_ack(self, batch: Batch, msgs: list[Fetched]) -> bool:
         """Insert (retrying until it works or the service stops), then ack; False: not acked."""
         delay = 0.5
         while True:
@@ -261,11 +209,11 @@ class AccountingTransport:
             # redelivery there has a lower one: then less is acked and more redelivered, which the
             # tables' keys absorb.)
             with contextlib.suppress(Exception):
-                await msgs[-1].ack()
+                await msgs[-1].ack(self.nc)
         self.last_flush_at = time.time()
         return True
 
-    async def _dead_letter(self, msg: Msg, why: str) -> None:
+    async def _dead_letter(self, msg: Fetched, why: str) -> None:
         self.service.m.events.labels("dead_letter").inc()
         log.error("malformed event on %s dead-lettered: %s", msg.subject, why[:300])
         with contextlib.suppress(Exception):
