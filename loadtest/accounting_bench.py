@@ -213,6 +213,36 @@ def nats_server_process() -> psutil.Process | None:
     return None
 
 
+def _decode_us_per_event(out: Any, n: int = 20_000) -> None:
+    """In a fresh process: the service's own decode (validation, rows by column, Arrow) of ``n``
+    events, best of 5, in µs per event. Nothing else runs meanwhile, so it measures how fast one
+    core of this machine is today, which is what moves the ingest figures from day to day."""
+    from llmlab_accounting.decode import decode, tune_gc
+    from llmlab_common.catalog import load_catalog
+    from llmlab_common.settings import InfraSettings
+
+    catalog = load_catalog(InfraSettings().catalog_path)
+    template = event_template()
+    items = [(True, template.replace("@RID@", f"cal-{i:08d}").encode()) for i in range(n)]
+    tune_gc()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        decode(items, catalog)
+        best = min(best, time.perf_counter() - t0)
+    out.put(best / n * 1e6)
+
+
+def core_speed_check() -> float:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_decode_us_per_event, args=(q,))
+    p.start()
+    us = float(q.get(timeout=120))
+    p.join(30)
+    return us
+
+
 def free_port() -> int:
     import socket
 
@@ -347,6 +377,8 @@ def one_run(cfg: Config, rep: int, phase: str, rate: int) -> dict[str, Any]:
         "visibility_s_p95": sorted(lags)[int(0.95 * (len(lags) - 1))] if lags else None,
         "visibility_s_max": max(lags) if lags else None,
         "service_cpu_cores": (cpu1 - cpu0) / window if window > 0 else None,
+        # What an event costs the service, whatever the rate: compare it with the core speed check.
+        "service_cpu_us_per_event": (cpu1 - cpu0) / max(samples[-1][1], 1) * 1e6,
         # The harness on the same cores: the publisher while it publishes, NATS for the whole run.
         "publisher_cpu_cores": pub_cpu_s / max(pub_window, 1e-9),
         "nats_server_cpu_cores": (nats1 - nats0) / window if window > 0 else None,
@@ -372,6 +404,7 @@ SUMMARY_KEYS = (
     "visibility_s_p95",
     "visibility_s_max",
     "service_cpu_cores",
+    "service_cpu_us_per_event",
     "publisher_cpu_cores",
     "nats_server_cpu_cores",
     "machine_cpu_percent",
@@ -410,6 +443,7 @@ def _f(v: float | None, nd: int = 0) -> str:
 
 def render_markdown(doc: dict[str, Any]) -> str:
     m, s = doc["metadata"], doc["summary"]
+    cal = m["core_speed_check_decode_us_per_event"]
     lines = [
         f"# Accounting ingest benchmark {m['date']}",
         "",
@@ -424,6 +458,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
         "",
         f"**{s['result']}**: {s['target']}. Worst repeat: steady ingest {_f(s['worst_steady_events_per_s'])} events/s, "
         f"visibility max {_f(s['worst_visibility_s_max'], 2)} s; one row per attempt: {s['exactly_once']}.",
+        "",
+        f"Core speed check (the service's decode of one event on an otherwise idle core, best of 5; compare runs "
+        f"of different days by it): {cal['before']:.2f} µs before the runs, {cal['after']:.2f} µs after.",
     ]
     for phase in ("target_phase", "capacity_phase"):
         if phase not in s:
@@ -516,6 +553,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(argv)
     started = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()
+    speed_before = core_speed_check()
+    log.info("core speed check: the service's decode takes %.2f us per event on an idle core", speed_before)
     runs = []
     phases = [("target", cfg.rate)] + ([("capacity", cfg.capacity_rate)] if cfg.capacity_rate else [])
     for rep in range(1, cfg.repeats + 1):
@@ -532,6 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _f(r["visibility_s_max"], 2),
             )
             runs.append(r)
+    speed_after = core_speed_check()
     meta = metadata_block(
         started=started,
         duration_s=time.monotonic() - t0,
@@ -573,6 +613,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         clickhouse_connect_version=dist_version("clickhouse-connect"),
         nats_py_version=dist_version("nats-py"),
         event_bytes=len(event_template()),
+        core_speed_check_decode_us_per_event={"before": round(speed_before, 2), "after": round(speed_after, 2)},
     )
     doc = {"metadata": meta, "summary": summarise(runs), "runs": runs}
     paths = write_outputs(doc, cfg.out, started, "accounting", render_markdown, render_plot)

@@ -1,0 +1,63 @@
+"""The accounting ingest benchmark: its verdict rule (unit) and its ``--quick`` run end to end
+against the real NATS JetStream, one accounting service process and its chdb (integration)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import accounting_bench as ab
+import pytest
+from bench_meta import METADATA_FIELDS
+
+BENCH = Path(ab.__file__).resolve()
+
+
+def _run(phase: str, steady: float, vis_max: float, n: int = 10) -> dict[str, Any]:
+    r: dict[str, Any] = dict.fromkeys(ab.SUMMARY_KEYS, 1.0)
+    r.update(phase=phase, steady_events_per_s_20_80=steady, visibility_s_max=vis_max, events=n)
+    r["view_count_and_uniq"] = [n, n]
+    return r
+
+
+@pytest.mark.unit
+def test_verdict_takes_the_worst_repeat_of_each_phase() -> None:
+    ok = [_run("target", 20_100, 1.0), _run("capacity", 26_000, 9.0), _run("capacity", 24_000, 9.0)]
+    s = ab.summarise(ok)
+    # Visibility is judged at the target rate only; the capacity phase is overloaded on purpose.
+    assert s["result"] == "MET" and s["worst_steady_events_per_s"] == 24_000 and s["exactly_once"]
+    assert ab.summarise([*ok, _run("capacity", 19_999, 1.0)])["result"] == "MISS"
+    assert ab.summarise([*ok, _run("target", 30_000, 5.01)])["result"] == "MISS"
+    dup = _run("target", 20_100, 1.0)
+    dup["view_count_and_uniq"] = [11, 10]
+    assert not ab.summarise([*ok, dup])["exactly_once"]
+
+
+@pytest.mark.integration
+def test_quick_bench_end_to_end(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stamped = sorted(tmp_path.glob("accounting-2*.json"))
+    assert len(stamped) == 1
+    assert stamped[0].with_suffix(".md").exists() and stamped[0].with_suffix(".png").exists()
+    doc = json.loads(stamped[0].read_text())
+    meta = doc["metadata"]
+    for key in METADATA_FIELDS:
+        assert key in meta and meta[key] not in (None, ""), key
+    assert meta["simulated"] is False and "--quick" in meta["command_line"]
+    speed = meta["core_speed_check_decode_us_per_event"]
+    assert 0 < speed["before"] < 1000 and 0 < speed["after"] < 1000
+    (run,) = doc["runs"]
+    # Every published event became visible exactly once, with a visibility and the service's CPU.
+    assert run["visible_events"] == run["events"] == 6000
+    assert run["view_count_and_uniq"] == [6000, 6000] and doc["summary"]["exactly_once"]
+    assert run["visibility_s_max"] is not None and run["visibility_s_max"] > 0
+    assert run["service_cpu_cores"] > 0 and run["service_cpu_us_per_event"] > 0
