@@ -1,6 +1,46 @@
+from __future__ import annotations
+
+import json
+import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 # loadtest/ holds scripts, not a package: make ``import sse_client`` / ``import relay_bench`` work
 # (importlib import mode does not put test or script directories on sys.path).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+QuickRun = tuple[Path, dict[str, Any], subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def quick_bench(tmp_path: Path) -> Callable[..., QuickRun]:
+    """Run a benchmark script with ``--quick`` into ``tmp_path`` and check what every benchmark
+    writes: one stamped ``<prefix>-<ts>.json`` with its ``.md`` and ``.png``, and a metadata block
+    with every required field filled. Returns (the JSON's path, its document, the process)."""
+    from bench_meta import METADATA_FIELDS
+
+    def run(
+        bench: Path, prefix: str, out_flag: str = "--out", timeout: float = 300, extra_fields: Sequence[str] = ()
+    ) -> QuickRun:
+        proc = subprocess.run(
+            [sys.executable, str(bench), "--quick", out_flag, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        stamped = sorted(tmp_path.glob(f"{prefix}-2*.json"))
+        assert len(stamped) == 1
+        assert stamped[0].with_suffix(".md").exists() and stamped[0].with_suffix(".png").exists()
+        doc = json.loads(stamped[0].read_text())
+        meta = doc["metadata"]
+        for key in (*METADATA_FIELDS, *extra_fields):
+            assert key in meta and meta[key] not in (None, ""), key
+        assert "--quick" in meta["command_line"]
+        return stamped[0], doc, proc
+
+    return run

@@ -3,15 +3,12 @@ against the real NATS JetStream, one accounting service process and its chdb (in
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import accounting_bench as ab
 import pytest
-from bench_meta import METADATA_FIELDS
 
 BENCH = Path(ab.__file__).resolve()
 
@@ -37,22 +34,10 @@ def test_verdict_takes_the_worst_repeat_of_each_phase() -> None:
 
 
 @pytest.mark.integration
-def test_quick_bench_end_to_end(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    stamped = sorted(tmp_path.glob("accounting-2*.json"))
-    assert len(stamped) == 1
-    assert stamped[0].with_suffix(".md").exists() and stamped[0].with_suffix(".png").exists()
-    doc = json.loads(stamped[0].read_text())
+def test_quick_bench_end_to_end(quick_bench: Callable[..., Any]) -> None:
+    _, doc, _ = quick_bench(BENCH, "accounting")
     meta = doc["metadata"]
-    for key in METADATA_FIELDS:
-        assert key in meta and meta[key] not in (None, ""), key
-    assert meta["simulated"] is False and "--quick" in meta["command_line"]
+    assert meta["simulated"] is False
     speed = meta["core_speed_check_decode_us_per_event"]
     assert 0 < speed["before"] < 1000 and 0 < speed["after"] < 1000
     (run,) = doc["runs"]

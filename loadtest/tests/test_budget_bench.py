@@ -4,18 +4,14 @@ service process and two load processes per run)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import budget_bench as bb
 import pytest
-from bench_meta import METADATA_FIELDS
 
 BENCH = Path(bb.__file__).resolve()
-
-REQUIRED_METADATA = METADATA_FIELDS
 
 
 @pytest.mark.unit
@@ -29,24 +25,10 @@ def test_percentiles_and_spread() -> None:
 
 
 @pytest.mark.integration
-def test_quick_bench_end_to_end(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    stamped = sorted(tmp_path.glob("budget-2*.json"))
-    assert len(stamped) == 1
-    assert stamped[0].with_suffix(".md").exists() and stamped[0].with_suffix(".png").exists()
-    doc = json.loads(stamped[0].read_text())
-
+def test_quick_bench_end_to_end(quick_bench: Callable[..., Any]) -> None:
+    js, doc, proc = quick_bench(BENCH, "budget", timeout=240)
     meta = doc["metadata"]
-    for key in REQUIRED_METADATA:
-        assert key in meta and meta[key] not in (None, ""), key
     assert meta["simulated"] is False and "not simulated" in meta["label"]
-    assert "--quick" in meta["command_line"]
 
     runs = doc["runs"]
     expected = {(layer, rep) for layer in ("redis", "service") for rep in (1, 2)}
@@ -64,5 +46,5 @@ def test_quick_bench_end_to_end(tmp_path: Path) -> None:
     assert {g["layer"] for g in doc["summary"]["groups"]} == {"redis", "service"}
     assert doc["summary"]["targets"]  # the p99 <= 2 ms figure is evaluated (not asserted)
     assert "Target:" in proc.stdout
-    md = stamped[0].with_suffix(".md").read_text()
+    md = js.with_suffix(".md").read_text()
     assert "not simulated" in md and "## Metadata" in md and meta["command_line"] in md

@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -170,19 +169,11 @@ REQUIRED_METADATA = (*METADATA_FIELDS, "simulated_note")
 
 
 @pytest.mark.e2e
-def test_quick_bench_end_to_end(tmp_path: Path) -> None:
+def test_quick_bench_end_to_end(quick_bench: Callable[..., Any]) -> None:
     """``relay_bench.py --quick``: the whole stack plus the simulator, levels 1 and 100 (about a minute)."""
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    latest = json.loads((tmp_path / "relay-latest.json").read_text())
-    stamped = sorted(tmp_path.glob("relay-2*.json"))
-    assert len(stamped) == 1 and json.loads(stamped[0].read_text()) == latest
-    assert stamped[0].with_suffix(".md").exists() and stamped[0].with_suffix(".png").exists()
+    js, latest, proc = quick_bench(BENCH, "relay", out_flag="--out-dir", extra_fields=("simulated_note",))
+    assert json.loads((js.parent / "relay-latest.json").read_text()) == latest
     meta = latest["metadata"]
-    for key in REQUIRED_METADATA:
-        assert key in meta and meta[key] not in (None, ""), key
     assert meta["simulated"] is True and meta["gpu"] == "none (simulated)"
     runs = latest["runs"]
     assert {(r["level"], r["mode"], r["repeat"]) for r in runs} == {
