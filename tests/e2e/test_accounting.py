@@ -54,6 +54,7 @@ async def test_attempts_and_requests_rows_with_hand_calculated_costs(stack: Stac
             "LLMLAB_ACCOUNTING_ATTRIBUTION_PERIOD_S": "2",
             "LLMLAB_ACCOUNTING_ATTRIBUTION_LAG_S": "0.5",
             "LLMLAB_ACCOUNTING_ATTRIBUTION_LOOKBACK_PERIODS": "30",
+            "LLMLAB_ACCOUNTING_HEARTBEAT_FLUSH_S": "0.5",
         }
     )
     p = admin.provision("pro")
@@ -121,23 +122,30 @@ async def test_attempts_and_requests_rows_with_hand_calculated_costs(stack: Stac
     assert reqs[plain] == [1, "ok", 200, plain_tokens]
     assert reqs[refused_id] == [0, "refused_budget", 429, 0]
 
-    # GPU time: every worker-period costs $2.99/h × its length, all of it attributed (idle included).
+    # GPU time: every worker-period costs $2.99/h × its length; all of it is attributed (idle
+    # included), and so is a standby worker's (heartbeats, no attempt) when its deployment served
+    # something in that period; otherwise it stays unattributed.
     async def attributed() -> bool:
         got = sql(acc, "SELECT count() FROM gpu_attribution FINAL WHERE request_id IN ('" + plain + "')")
-        return bool(got[0][0])
+        standby = sql(acc, "SELECT count() FROM gpu_periods FINAL WHERE attempts = 0")
+        return bool(got[0][0]) and bool(standby[0][0])
 
     deadline = time.monotonic() + 30
     while not await attributed():
-        assert time.monotonic() < deadline, "attribution of the plain request"
+        assert time.monotonic() < deadline, "attribution of the plain request and of standby workers"
         await asyncio.sleep(0.5)
-    periods = sql(acc, "SELECT period_s, usd_per_hour, period_usd, attributed_usd FROM gpu_periods FINAL")
-    assert periods
-    for period_s, rate, period_usd, attributed_usd in periods:
-        assert rate == pytest.approx(H100_PER_HOUR)
+    periods = sql(
+        acc,
+        "SELECT toString(period_start), deployment, attempts, period_s, usd_per_hour, period_usd, attributed_usd "
+        "FROM gpu_periods FINAL",
+    )
+    served = {(start, dep) for start, dep, n, *_ in periods if n > 0}
+    for start, dep, _n, period_s, rate, period_usd, attributed_usd in periods:
+        assert dep == "llama-8b-vllm" and rate == pytest.approx(H100_PER_HOUR)
         assert period_usd == pytest.approx(H100_PER_HOUR * period_s / 3600)
-        assert attributed_usd == pytest.approx(period_usd)
+        assert attributed_usd == pytest.approx(period_usd if (start, dep) in served else 0.0)
     total = sql(acc, "SELECT sum(gpu_cost_usd) FROM gpu_attribution FINAL")[0][0]
-    assert total == pytest.approx(sum(p[2] for p in periods))
+    assert total == pytest.approx(sum(p[6] for p in periods))
     assert sql(acc, f"SELECT gpu_cost_usd > 0 FROM requests WHERE request_id = '{plain}'") == [[1]]
 
 

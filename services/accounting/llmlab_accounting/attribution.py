@@ -18,14 +18,26 @@ period [t0, t1):
    cost per request includes idle time (§12). If the worker's attempts in the period carry no
    timings at all, the period's cost is split equally among them.
 
-Invariant (tested): for every worker with at least one attempt in the period, the attributed
-cost equals ``$/hour × gpu_count × period hours``. A worker with no attempt in a period is not
-seen by accounting (events are its only source), so its idle cost in that period is unattributed.
+4. A *standby* worker: alive in the period (its heartbeats, which accounting records) but with no
+   attempt in it. It costs ``$/hour × gpu_count`` × the time its heartbeats cover in the period
+   (each heartbeat covers ``[sent_at, sent_at + interval_s]``). Capacity kept for a deployment is
+   a cost of serving that deployment's requests, so this cost is spread over the attempts of the
+   same deployment in the period (on its other workers), in proportion to what they cost so far
+   (``standby_usd``). When the deployment served nothing in the period, nobody's request can
+   carry it: it stays in the standby worker's period row as unattributed cost.
+
+Invariants (tested): every worker with at least one attempt in the period has
+``attributed == $/hour × gpu_count × period hours``; a standby worker has ``attributed`` equal to
+its cost when its deployment served attempts in the period, else 0; and the attempts' costs add up
+to the sum of all workers' attributed costs. A worker that neither beat nor ran an attempt in a
+period (or beat while accounting was down: heartbeats are core NATS) is not seen, and costs
+nothing here.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -84,11 +96,29 @@ class AttemptCost:
     busy_s: float = 0.0
     busy_usd: float = 0.0
     idle_usd: float = 0.0
+    standby_usd: float = 0.0  # its share of the deployment's standby workers (rule 4)
     tokens: int = 0
 
     @property
-    def total_usd(self) -> float:
+    def own_usd(self) -> float:
+        """What it cost its own worker (busy and idle time)."""
         return self.busy_usd + self.idle_usd
+
+    @property
+    def total_usd(self) -> float:
+        return self.busy_usd + self.idle_usd + self.standby_usd
+
+
+@dataclass(frozen=True, slots=True)
+class Alive:
+    """A worker known to be up over [start, end): one heartbeat and its interval."""
+
+    worker_id: str
+    deployment: str
+    model: str
+    usd_per_hour: float
+    start: float
+    end: float
 
 
 @dataclass(slots=True)
@@ -97,9 +127,10 @@ class WorkerPeriod:
     deployment: str
     model: str
     usd_per_hour: float
-    period_s: float
+    period_s: float  # the period, or for a standby worker the part of it its heartbeats cover
     busy_s: float = 0.0
     attempts: list[AttemptCost] = field(default_factory=list)
+    spread_usd: float = 0.0  # a standby worker's cost carried by its deployment's attempts
 
     @property
     def period_usd(self) -> float:
@@ -107,7 +138,7 @@ class WorkerPeriod:
 
     @property
     def attributed_usd(self) -> float:
-        return sum(a.total_usd for a in self.attempts)
+        return sum(a.own_usd for a in self.attempts) + self.spread_usd
 
 
 def _clip(iv: tuple[float, float] | None, t0: float, t1: float) -> tuple[float, float] | None:
@@ -117,8 +148,11 @@ def _clip(iv: tuple[float, float] | None, t0: float, t1: float) -> tuple[float, 
     return (a, b) if b > a else None
 
 
-def attribute(spans: list[Span], t0: float, t1: float, prefill_weight: float = 1.0) -> list[WorkerPeriod]:
-    """Attribute each worker's GPU cost over [t0, t1) to the spans that overlap it."""
+def attribute(
+    spans: list[Span], t0: float, t1: float, prefill_weight: float = 1.0, alive: Sequence[Alive] = ()
+) -> list[WorkerPeriod]:
+    """Attribute each worker's GPU cost over [t0, t1) to the spans that overlap it, and standby
+    workers' cost (``alive`` intervals of workers without spans) to their deployment's spans."""
     if t1 <= t0:
         raise ValueError("empty period")
     by_worker: dict[str, list[Span]] = defaultdict(list)
@@ -159,6 +193,46 @@ def attribute(spans: list[Span], t0: float, t1: float, prefill_weight: float = 1
         busy_total = sum(c.busy_usd for c in costs)
         for c in costs:
             c.idle_usd = idle_usd * (c.busy_usd / busy_total if busy_total > 0 else 1.0 / len(costs))
+        out.append(wp)
+    out += _standby(out, [a for a in alive if a.worker_id not in by_worker], t0, t1)
+    return out
+
+
+def _covered(intervals: list[tuple[float, float]], t0: float, t1: float) -> float:
+    """Seconds of [t0, t1) inside the union of ``intervals``."""
+    total, reach = 0.0, t0
+    for a, b in sorted(intervals):
+        a, b = max(a, reach), min(b, t1)
+        if b > a:
+            total += b - a
+            reach = b
+    return total
+
+
+def _standby(served: list[WorkerPeriod], alive: list[Alive], t0: float, t1: float) -> list[WorkerPeriod]:
+    """Rule 4: periods of workers that were up without an attempt, their cost spread over the
+    attempts of their deployment."""
+    by_worker: dict[str, list[Alive]] = defaultdict(list)
+    for a in alive:
+        by_worker[a.worker_id].append(a)
+    receivers: dict[str, list[AttemptCost]] = defaultdict(list)
+    for wp in served:
+        for c in wp.attempts:
+            receivers[c.deployment].append(c)
+    out: list[WorkerPeriod] = []
+    for worker_id, beats in sorted(by_worker.items()):
+        last = max(beats, key=lambda a: a.start)  # its newest heartbeat says what it runs
+        up_s = _covered([(a.start, a.end) for a in beats], t0, t1)
+        if up_s <= 0:
+            continue
+        wp = WorkerPeriod(worker_id, last.deployment, last.model, last.usd_per_hour, up_s)
+        takers = receivers.get(last.deployment, [])
+        if takers and wp.period_usd > 0:
+            weights = [c.own_usd for c in takers]
+            total_w = sum(weights)
+            for c, w in zip(takers, weights, strict=True):
+                c.standby_usd += wp.period_usd * (w / total_w if total_w > 0 else 1.0 / len(takers))
+            wp.spread_usd = wp.period_usd
         out.append(wp)
     return out
 

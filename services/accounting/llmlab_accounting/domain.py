@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, cast
 
 from llmlab_common.catalog import Catalog, SloClass
-from llmlab_common.messages import AttemptEvent, ErrorInfo, RequestEvent
+from llmlab_common.messages import AttemptEvent, ErrorInfo, Heartbeat, RequestEvent
 
 StatusClass = Literal[
     "ok",
@@ -118,6 +118,21 @@ class RequestRow(TypedDict):
     attempts: int
     created_at: float
     ended_at: float
+    ingested_at: float
+
+
+class HeartbeatRow(TypedDict):
+    """One row of ``worker_heartbeats``."""
+
+    worker_id: str
+    pool: str
+    engine: str
+    deployment: str
+    model: str
+    gpu_usd_per_hour: float
+    ready: int
+    sent_at: float
+    interval_s: float
     ingested_at: float
 
 
@@ -358,3 +373,23 @@ def request_row(ev: RequestEvent, catalog: Catalog, now: float | None = None) ->
         "ingested_at": time.time() if now is None else now,
     }
     return row
+
+
+def heartbeat_row(hb: Heartbeat, catalog: Catalog, now: float | None = None) -> HeartbeatRow:
+    """A worker's heartbeat with its deployment and GPU price: the catalog's first deployment in
+    the worker's pool that serves one of its models (a worker drives one engine on that pool's
+    GPUs)."""
+    dep = next((d for d in catalog.deployments if d.pool == hb.pool and d.model in hb.models), None)
+    ctx = _context(catalog, dep.id if dep else "", hb.models[0] if hb.models else "", "", None)
+    return {
+        "worker_id": hb.worker_id,
+        "pool": hb.pool,
+        "engine": hb.engine,
+        "deployment": dep.id if dep else "",
+        "model": ctx.model,
+        "gpu_usd_per_hour": ctx.gpu_usd_per_hour,
+        "ready": int(hb.ready),
+        "sent_at": hb.sent_at,
+        "interval_s": hb.interval_s,
+        "ingested_at": time.time() if now is None else now,
+    }

@@ -8,7 +8,9 @@ from llmlab_common.metrics import TOKEN_BUCKETS, Metrics
 class AccountingMetrics:
     def __init__(self, m: Metrics) -> None:
         self.events = m.counter(
-            "accounting_events_total", "Events consumed, by kind (attempt, request, ignored, dead_letter)", ("kind",)
+            "accounting_events_total",
+            "Events consumed, by kind (attempt, request, ignored, dead_letter, heartbeat, heartbeat_malformed)",
+            ("kind",),
         )
         self.batches = m.counter("accounting_batches_total", "Batches inserted")
         self.insert_errors = m.counter("accounting_insert_errors_total", "Failed inserts (the batch is retried)")

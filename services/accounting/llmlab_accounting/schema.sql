@@ -109,14 +109,39 @@ CREATE TABLE IF NOT EXISTS gpu_attribution
     busy_s Float64,
     busy_usd Float64,
     idle_usd Float64,
-    gpu_cost_usd Float64,
+    standby_usd Float64 DEFAULT 0, -- its share of the deployment's standby workers' cost
+    gpu_cost_usd Float64,          -- busy + idle + standby
     computed_at DateTime64(3, 'UTC')
 )
 ENGINE = ReplacingMergeTree(computed_at)
 PARTITION BY toYYYYMM(period_start)
 ORDER BY (period_start, worker_id, request_id, attempt);
+-- Stores created before standby attribution existed.
+ALTER TABLE gpu_attribution ADD COLUMN IF NOT EXISTS standby_usd Float64 DEFAULT 0 AFTER idle_usd;
 
--- One row per worker and period: what the GPUs cost and how much of it was attributed.
+-- Worker heartbeats (core NATS, one a second or so per worker): who was up, on which deployment
+-- and at what GPU price, so that a worker that served nothing in a period still costs something.
+CREATE TABLE IF NOT EXISTS worker_heartbeats
+(
+    worker_id String,
+    pool LowCardinality(String),
+    engine LowCardinality(String),
+    deployment LowCardinality(String), -- '' when the catalog has no deployment for its pool
+    model LowCardinality(String),
+    gpu_usd_per_hour Float64,          -- the deployment's GPU price × gpu_count
+    ready UInt8,
+    sent_at DateTime64(3, 'UTC'),
+    interval_s Float64,
+    ingested_at DateTime64(3, 'UTC')
+)
+ENGINE = ReplacingMergeTree(ingested_at)
+PARTITION BY toYYYYMM(sent_at)
+ORDER BY (worker_id, sent_at)
+TTL toDateTime(sent_at) + INTERVAL 35 DAY;
+
+-- One row per worker and period: what the GPUs cost and how much of it was attributed. A standby
+-- worker (up, no attempt) has attempts = 0 and period_s = the time its heartbeats cover; its
+-- attributed_usd is what its deployment's attempts carry, 0 when the deployment served nothing.
 CREATE TABLE IF NOT EXISTS gpu_periods
 (
     period_start DateTime64(3, 'UTC'),

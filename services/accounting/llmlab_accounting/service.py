@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from llmlab_common.catalog import Catalog
 
-from llmlab_accounting.attribution import Span, WorkerPeriod, attribute
+from llmlab_accounting.attribution import Alive, Span, WorkerPeriod, attribute
 from llmlab_accounting.columns import ATTEMPT_SCHEMA, REQUEST_SCHEMA, to_arrow
-from llmlab_accounting.domain import AttemptRow, RequestRow
+from llmlab_accounting.domain import AttemptRow, HeartbeatRow, RequestRow
 from llmlab_accounting.metrics import AccountingMetrics
 from llmlab_accounting.store import (
     ATTEMPTS_TABLE,
     ATTRIBUTION_TABLE,
+    HEARTBEATS_TABLE,
     PERIODS_TABLE,
     REQUESTS_TABLE,
     Store,
@@ -73,7 +74,23 @@ class AccountingService:
         for ended_at in batch.ended_at:
             self.m.ingest_lag.observe(max(0.0, now - ended_at))
 
+    def record_heartbeats(self, rows: list[HeartbeatRow]) -> None:
+        """Blocking. Re-recording a heartbeat is harmless (keyed by worker and send time)."""
+        self.store.insert_json(HEARTBEATS_TABLE, (json.dumps(r).encode() for r in rows))
+
     # -- attribution -------------------------------------------------------------------------------
+    def alive(self, t0: float, t1: float) -> list[Alive]:
+        """Heartbeat intervals that overlap [t0, t1)."""
+        rows = self.store.query(
+            """
+            SELECT worker_id, deployment, model, gpu_usd_per_hour, toFloat64(sent_at), interval_s
+            FROM worker_heartbeats FINAL
+            WHERE sent_at < {t1:Float64} AND toFloat64(sent_at) + interval_s > {t0:Float64}
+            """,
+            {"t0": t0, "t1": t1},
+        ).rows
+        return [Alive(w, d, m, rate, sent, sent + interval) for w, d, m, rate, sent, interval in rows]
+
     def spans(self, t0: float, t1: float) -> list[Span]:
         rows = self.store.query(
             """
@@ -90,7 +107,7 @@ class AccountingService:
 
     def attribute_period(self, t0: float, t1: float) -> list[WorkerPeriod]:
         """Blocking: attribute [t0, t1) and write its rows (a re-run replaces them)."""
-        periods = attribute(self.spans(t0, t1), t0, t1, self.prefill_weight)
+        periods = attribute(self.spans(t0, t1), t0, t1, self.prefill_weight, self.alive(t0, t1))
         now = time.time()
         lines: list[bytes] = []
         plines: list[bytes] = []
@@ -108,6 +125,7 @@ class AccountingService:
                             "busy_s": c.busy_s,
                             "busy_usd": c.busy_usd,
                             "idle_usd": c.idle_usd,
+                            "standby_usd": c.standby_usd,
                             "gpu_cost_usd": c.total_usd,
                             "computed_at": now,
                         }
@@ -136,10 +154,11 @@ class AccountingService:
         if periods:
             self._export(periods)
             log.info(
-                "attributed %s..%s: %d workers, $%.6f",
+                "attributed %s..%s: %d workers, GPU cost $%.6f, attributed $%.6f",
                 dt.datetime.fromtimestamp(t0, dt.UTC).isoformat(),
                 dt.datetime.fromtimestamp(t1, dt.UTC).isoformat(),
                 len(periods),
+                sum(p.period_usd for p in periods),
                 sum(p.attributed_usd for p in periods),
             )
         return periods
@@ -158,6 +177,7 @@ class AccountingService:
                 tokens[model] += c.tokens
         for model in rate:
             self.m.gpu_usd_per_hour.labels(model).set(rate[model])
-            self.m.gpu_usd_per_request.labels(model).set(cost[model] / max(count[model], 1))
+            if count[model]:  # a model whose workers only stood by served no request
+                self.m.gpu_usd_per_request.labels(model).set(cost[model] / count[model])
             if tokens[model]:
                 self.m.gpu_usd_per_mtok.labels(model).set(cost[model] / tokens[model] * 1e6)

@@ -41,6 +41,8 @@ class AccountingSettings(ServiceSettings):
     attribution_lag_s: float = Field(default=30.0, ge=0)
     # How many closed periods behind the newest one each run recomputes (catching late events).
     attribution_lookback_periods: int = Field(default=2, ge=1)
+    # Worker heartbeats (who was up, for standby GPU cost) are recorded in batches this often.
+    heartbeat_flush_s: float = Field(default=5.0, gt=0)
     # Weight of a request in prefill against one in decode when an instant's GPU cost is split.
     prefill_weight: float = Field(default=1.0, gt=0)
     # Query endpoint bounds.

@@ -42,6 +42,7 @@ ATTEMPTS_TABLE = "attempts_raw"
 REQUESTS_TABLE = "requests_raw"
 ATTRIBUTION_TABLE = "gpu_attribution"
 PERIODS_TABLE = "gpu_periods"
+HEARTBEATS_TABLE = "worker_heartbeats"
 
 
 class StoreLocked(RuntimeError):

@@ -12,19 +12,26 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from llmlab_common.messages import Heartbeat
 from llmlab_common.subjects import Topology
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
+from pydantic import ValidationError
 
 from llmlab_accounting.attribution import period_bounds
 from llmlab_accounting.decode import Decoded, Decoder, Item
+from llmlab_accounting.domain import HeartbeatRow, heartbeat_row
 from llmlab_accounting.fetch import BatchPuller, Fetched
 from llmlab_accounting.service import AccountingService, Batch
 from llmlab_accounting.settings import AccountingSettings
 
 log = logging.getLogger(__name__)
+# Heartbeats kept while the store refuses them (then the oldest are dropped): an hour of 25 workers.
+MAX_BUFFERED_HEARTBEATS = 100_000
 # Whole batches queued for the commit loop while the next one is fetched: bounds memory, and the
 # unacked messages (max_ack_pending covers them).
 PIPELINE_BATCHES = 2
@@ -58,6 +65,8 @@ class AccountingTransport:
         self.decoder = decoder
         self.settings = settings
         self._puller: BatchPuller | None = None
+        self._hb_sub: Subscription | None = None
+        self._heartbeats: list[HeartbeatRow] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self.last_flush_at = 0.0
@@ -91,6 +100,8 @@ class AccountingTransport:
         await self._puller.start()
         self._tasks.append(asyncio.create_task(self._ingest_loop(self._puller), name="accounting-ingest"))
         self._tasks.append(asyncio.create_task(self._attribution_loop(), name="accounting-attribution"))
+        self._hb_sub = await self.nc.subscribe(self.topo.heartbeat_wildcard, cb=self._on_heartbeat)
+        self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="accounting-heartbeats"))
 
     async def stop(self) -> None:
         """Stop fetching, insert and ack what is already fetched, then return."""
@@ -100,6 +111,9 @@ class AccountingTransport:
                 await asyncio.wait_for(t, timeout=self.settings.drain_timeout_s)
         if self._puller is not None:
             await self._puller.close()
+        if self._hb_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._hb_sub.unsubscribe()
 
     # -- ingest -------------------------------------------------------------------------------------
     async def _recover(self, first: int, last: int) -> None:
@@ -218,6 +232,33 @@ class AccountingTransport:
         log.error("malformed event on %s dead-lettered: %s", msg.subject, why[:300])
         with contextlib.suppress(Exception):
             await self.js.publish(self.topo.dead_letter_subject, msg.data, headers={"Llmlab-Reason": why[:200]})
+
+    # -- heartbeats (who was up: standby workers cost their deployment) -----------------------------
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        try:
+            hb = Heartbeat.model_validate_json(msg.data)
+        except ValidationError:
+            self.service.m.events.labels("heartbeat_malformed").inc()
+            return
+        self.service.m.events.labels("heartbeat").inc()
+        self._heartbeats.append(heartbeat_row(hb, self.service.catalog))
+
+    async def _heartbeat_loop(self) -> None:
+        """Record buffered heartbeats every ``heartbeat_flush_s`` (and once more when stopping)."""
+        while True:
+            stopping = self._stopping
+            rows, self._heartbeats = self._heartbeats, []
+            if rows:
+                try:
+                    await asyncio.to_thread(self.service.record_heartbeats, rows)
+                except Exception:
+                    log.exception("recording %d heartbeats failed; kept for the next try", len(rows))
+                    self._heartbeats = (rows + self._heartbeats)[-MAX_BUFFERED_HEARTBEATS:]
+            if stopping:
+                return
+            deadline = time.monotonic() + self.settings.heartbeat_flush_s
+            while not self._stopping and time.monotonic() < deadline:
+                await asyncio.sleep(min(0.2, self.settings.heartbeat_flush_s))
 
     # -- attribution --------------------------------------------------------------------------------
     async def _attribution_loop(self) -> None:

@@ -1,12 +1,12 @@
-"""GPU-time attribution: the invariant (attributed == $/h × hours per worker, idle included) and the
-sharing rule."""
+"""GPU-time attribution: the invariants (attributed == $/h × hours per worker, idle and standby
+workers included) and the sharing rules."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
-from llmlab_accounting.attribution import Span, attribute, period_bounds
+from llmlab_accounting.attribution import Alive, Span, attribute, period_bounds
 
 pytestmark = pytest.mark.unit
 
@@ -80,6 +80,74 @@ def test_invariant_attributed_equals_rate_times_hours_per_worker(seed: int) -> N
         assert wp.attributed_usd == pytest.approx(rates[wp.worker_id] * (t1 - t0) / 3600, rel=1e-9)
         assert all(c.busy_usd >= -1e-15 and c.idle_usd >= -1e-12 for c in wp.attempts)
         assert wp.busy_s <= (t1 - t0) + 1e-9
+
+
+def beats(worker: str, start: float, end: float, every: float = 1.0, **kw: object) -> list[Alive]:
+    fields: dict[str, object] = {"deployment": "d", "model": "m", "usd_per_hour": 3.6}
+    fields.update(kw)
+    n = int((end - start) / every)
+    return [Alive(worker, start=start + k * every, end=start + (k + 1) * every, **fields) for k in range(n)]  # type: ignore[arg-type]
+
+
+def test_a_standby_worker_costs_its_deployment_s_requests() -> None:
+    # w1 serves a and b over the whole period; w2 is up for 50 of its 100 s and serves nothing.
+    served = [span("a", (10, 11), (11, 20)), span("b", (30, 31), (31, 40))]
+    w1, w2 = attribute(served, 0, 100, alive=beats("w2", 50, 150) + beats("w1", 0, 100))
+    assert (w1.worker_id, w2.worker_id) == ("w1", "w2") and w2.attempts == []
+    assert w2.period_s == pytest.approx(50) and w2.period_usd == pytest.approx(0.05)
+    a, b = w1.attempts
+    # Spread in proportion to what the attempts cost their own worker (equal here).
+    assert a.standby_usd == pytest.approx(0.025) and b.standby_usd == pytest.approx(0.025)
+    assert w1.attributed_usd == pytest.approx(w1.period_usd) and w2.attributed_usd == pytest.approx(0.05)
+    assert a.total_usd + b.total_usd == pytest.approx(w1.period_usd + w2.period_usd)
+
+
+def test_standby_of_a_deployment_that_served_nothing_stays_unattributed() -> None:
+    served = [span("a", (10, 11), (11, 20))]
+    w1, w9 = attribute(served, 0, 100, alive=beats("w9", -5, 30, every=5, deployment="other"))
+    assert w9.period_s == pytest.approx(30) and w9.attributed_usd == 0 and w9.spread_usd == 0
+    assert w1.attempts[0].standby_usd == 0 and w1.attributed_usd == pytest.approx(w1.period_usd)
+
+
+def test_overlapping_and_late_heartbeats_count_once() -> None:
+    alive = [Alive("w2", "d", "m", 3.6, 0, 10), Alive("w2", "d", "m", 3.6, 5, 15), Alive("w2", "d", "m", 3.6, 90, 130)]
+    [w2] = attribute([], 0, 100, alive=alive)
+    assert w2.period_s == pytest.approx(25)
+    assert attribute([], 0, 100, alive=[Alive("w3", "d", "m", 3.6, 100, 101)]) == []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_invariant_attempts_carry_every_attributed_dollar(seed: int) -> None:
+    rng = random.Random(seed)
+    t0, t1 = 0.0, rng.uniform(10, 600)
+    deployments = ["d1", "d2", "d3"]
+    spans = [
+        span(
+            f"r{i}",
+            (s, s + 0.5),
+            (s + 0.5, s + rng.uniform(0.5, 30)),
+            worker_id=f"w{i % 3}",
+            deployment=f"d{i % 3 + 1}",
+        )
+        for i, s in enumerate(rng.uniform(-20, t1) for _ in range(rng.randint(0, 40)))
+    ]
+    alive = [
+        a
+        for k in range(5)
+        for a in beats(
+            f"s{k}", rng.uniform(-30, t1), t1 + 30, every=rng.choice([1.0, 5.0]), deployment=rng.choice(deployments)
+        )
+    ]
+    periods = attribute(spans, t0, t1, alive=alive)
+    attempts_total = sum(c.total_usd for wp in periods for c in wp.attempts)
+    assert attempts_total == pytest.approx(sum(wp.attributed_usd for wp in periods), rel=1e-9, abs=1e-12)
+    served = {c.deployment for wp in periods for c in wp.attempts}
+    for wp in periods:
+        assert wp.period_s <= t1 - t0 + 1e-9
+        if wp.attempts or wp.deployment in served:
+            assert wp.attributed_usd == pytest.approx(wp.period_usd, rel=1e-9)
+        else:
+            assert wp.attributed_usd == 0
 
 
 def test_from_timings_splits_prefill_and_decode() -> None:

@@ -11,11 +11,12 @@ from llmlab_accounting.domain import (
     attempt_columns,
     attempt_row,
     error_class,
+    heartbeat_row,
     is_billing,
     request_row,
 )
 from llmlab_common.catalog import Catalog
-from llmlab_common.messages import AttemptEvent, ErrorInfo, RequestEvent, RouteInfo, Timings
+from llmlab_common.messages import AttemptEvent, ErrorInfo, Heartbeat, RequestEvent, RouteInfo, Timings
 
 pytestmark = pytest.mark.unit
 Factory = Callable[..., AttemptEvent]
@@ -134,3 +135,26 @@ def test_columns_of_a_mixed_batch_are_the_rows_of_each_event(catalog: Catalog, a
     for i, ev in enumerate(events):
         assert {k: v[i] for k, v in cols.items()} == attempt_row(ev, catalog, now=123.0)
     assert attempt_columns([], catalog) == {k: [] for k in AttemptRow.__annotations__}
+
+
+def test_heartbeat_row_finds_the_worker_s_deployment_and_gpu_price(catalog: Catalog) -> None:
+    def hb(pool: str, models: list[str]) -> Heartbeat:
+        return Heartbeat(
+            worker_id="w7",
+            pool=pool,
+            engine="sglang",
+            models=models,
+            max_concurrency=8,
+            in_flight=0,
+            ready=True,
+            interval_s=1.0,
+            sent_at=1000.0,
+        )
+
+    row = heartbeat_row(hb("gpu-sglang", ["Qwen/Qwen3-32B"]), catalog, now=1001.0)
+    assert row["deployment"] == "qwen3-32b-sglang" and row["model"] == "Qwen/Qwen3-32B"
+    assert row["gpu_usd_per_hour"] == pytest.approx(2 * 2.99)  # two H100s
+    assert (row["sent_at"], row["interval_s"], row["ready"], row["ingested_at"]) == (1000.0, 1.0, 1, 1001.0)
+    # A pool the catalog does not know: recorded, but with no deployment it costs nothing here.
+    unknown = heartbeat_row(hb("elsewhere", ["x/y"]), catalog)
+    assert unknown["deployment"] == "" and unknown["gpu_usd_per_hour"] == 0

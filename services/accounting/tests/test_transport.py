@@ -16,7 +16,7 @@ from llmlab_accounting.settings import AccountingSettings
 from llmlab_accounting.store import ClickHouseStore
 from llmlab_accounting.transport import AccountingTransport
 from llmlab_common.catalog import Catalog
-from llmlab_common.messages import AttemptEvent, RequestEvent
+from llmlab_common.messages import AttemptEvent, Heartbeat, RequestEvent, Timings
 from llmlab_common.metrics import Metrics
 from llmlab_common.natsio import connect, delete_streams, ensure_streams
 from llmlab_common.settings import DEFAULT_CATALOG
@@ -27,6 +27,8 @@ from nats.aio.msg import Msg
 
 pytestmark = pytest.mark.integration
 NATS_URL = "nats://127.0.0.1:4222"
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+QWEN = "Qwen/Qwen3-32B"
 
 
 @pytest.fixture
@@ -111,3 +113,84 @@ async def test_consumer_inserts_acks_dead_letters_and_dedups_redeliveries(
     second = await run_once(republish=True)
     assert second == first  # totals unchanged
     await sub.unsubscribe()
+
+
+async def test_heartbeats_are_recorded_and_standby_workers_cost_their_deployment(
+    nats_ns: tuple[NATS, Topology], tmp_path: Path, catalog: Catalog, attempt_factory: Callable[..., AttemptEvent]
+) -> None:
+    """A worker that beats but serves nothing in a period costs its deployment's requests of that
+    period; one whose deployment served nothing stays unattributed. Heartbeats come over real NATS."""
+    nc, topo = nats_ns
+    js = nc.jetstream()
+    t0 = float(int(time.time()) - 200)
+    t1 = t0 + 100
+    # w1 (gpu-vllm) serves one request in the period; w2 (gpu-vllm) beats for its first 40 s;
+    # w3 (gpu-sglang, whose deployment serves nothing) beats all period long.
+    served = attempt_factory(
+        "r-served", timings=Timings(nats_queue_s=0.0, ttft_s=1.0, decode_s=9.0, e2e_s=10.0), ended_at=t0 + 20
+    )
+    await js.publish(topo.attempt_event_subject, served.model_dump_json().encode())
+
+    def beat(worker: str, pool: str, model: str, at: float) -> bytes:
+        return (
+            Heartbeat(
+                worker_id=worker,
+                pool=pool,
+                engine="vllm",
+                models=[model],
+                max_concurrency=4,
+                in_flight=0,
+                ready=True,
+                interval_s=2.0,
+                sent_at=at,
+            )
+            .model_dump_json()
+            .encode()
+        )
+
+    store = ClickHouseStore.open(data_dir=tmp_path / "chdb")
+    store.ensure_schema()
+    svc = AccountingService(store, catalog, AccountingMetrics(Metrics("t")))
+    settings = AccountingSettings(flush_interval_s=0.2, heartbeat_flush_s=0.2, attribution_period_s=3600)
+    tr = AccountingTransport(nc, js, topo, svc, settings, Decoder(catalog, DEFAULT_CATALOG))
+    await tr.start()
+    try:
+        for k in range(20):
+            await nc.publish(topo.heartbeat_subject("gpu-vllm", "w2"), beat("w2", "gpu-vllm", LLAMA, t0 + 2 * k))
+        for k in range(50):
+            await nc.publish(topo.heartbeat_subject("gpu-sglang", "w3"), beat("w3", "gpu-sglang", QWEN, t0 + 2 * k))
+        await nc.publish(topo.heartbeat_subject("gpu-vllm", "w2"), b"{not a heartbeat")  # dropped, counted
+        await nc.flush()
+
+        def recorded() -> bool:
+            return (
+                store.scalar("SELECT count() FROM worker_heartbeats") == 70
+                and store.scalar("SELECT count() FROM attempts") == 1
+            )
+
+        await until(recorded, what="heartbeats and the attempt in chdb")
+        periods = {wp.worker_id: wp for wp in await asyncio.to_thread(svc.attribute_period, t0, t1)}
+    finally:
+        await tr.stop()
+    try:
+        h100 = 2.99
+        assert set(periods) == {"w1", "w2", "w3"}
+        assert periods["w1"].period_usd == pytest.approx(h100 * 100 / 3600)
+        w2, w3 = periods["w2"], periods["w3"]
+        assert w2.period_s == pytest.approx(40) and w2.spread_usd == pytest.approx(h100 * 40 / 3600)
+        assert w3.period_usd == pytest.approx(2 * h100 * 100 / 3600) and w3.attributed_usd == 0
+        rows = store.query(
+            "SELECT worker_id, attempts, period_s, period_usd, attributed_usd FROM gpu_periods FINAL ORDER BY worker_id"
+        ).rows
+        assert [r[:2] for r in rows] == [["w1", 1], ["w2", 0], ["w3", 0]]
+        # The served request carries w1's whole period and w2's standby time.
+        [[busy, idle, standby, total]] = store.query(
+            "SELECT busy_usd, idle_usd, standby_usd, gpu_cost_usd FROM gpu_attribution FINAL"
+        ).rows
+        assert standby == pytest.approx(h100 * 40 / 3600) and busy + idle == pytest.approx(h100 * 100 / 3600)
+        assert total == pytest.approx(busy + idle + standby)
+        assert store.scalar("SELECT gpu_cost_usd FROM requests WHERE request_id = 'r-served'") == pytest.approx(total)
+        events = svc.m.events
+        assert events.labels("heartbeat")._value.get() == 70 and events.labels("heartbeat_malformed")._value.get() == 1
+    finally:
+        store.close()
