@@ -12,7 +12,7 @@ SELECT
     round(sum(busy_s) / sum(period_s), 4) AS busy_share,
     round(sum(period_usd), 6) AS cost_usd,
     round(sum(attributed_usd), 6) AS attributed_usd,
-    round(sum(period_usd) - sum(attributed_usd), 6) AS unattributed_usd
+    round(cost_usd - attributed_usd, 6) AS unattributed_usd
 FROM gpu_periods FINAL
 GROUP BY day, model
 ORDER BY day, model
