@@ -135,6 +135,7 @@ class StreamStarted(_RequestMsg):
     worker_id: str
     engine: str
     nats_queue_s: float
+    instance_id: str = ""  # the worker process that took it (see Heartbeat.instance_id)
 
 
 class TokenChunk(_RequestMsg):
@@ -218,6 +219,9 @@ class Heartbeat(_Msg):
     load: EngineLoad = Field(default_factory=EngineLoad)
     interval_s: float
     sent_at: float
+    # New for each start of the worker process: a worker restarted under the same id (a
+    # StatefulSet pod) beats again at once, yet the attempts its previous process took are lost.
+    instance_id: str = ""
 
 
 # -- events (JetStream, every consumer reads all) -----------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -196,6 +197,7 @@ class Worker:
         self._engine_failures = 0
         self._outbox = _Outbox()
         self._load = EngineLoad()
+        self.instance_id = secrets.token_hex(6)  # this process's life under worker_id
 
     # -- lifecycle -------------------------------------------------------------------------
     def ready(self) -> bool:
@@ -416,6 +418,7 @@ class Worker:
                     worker_id=self.settings.worker_id,
                     engine=self.adapter.engine,
                     nats_queue_s=clock.nats_queue_s,
+                    instance_id=self.instance_id,
                 ),
             )
             started = True
@@ -587,6 +590,7 @@ class Worker:
             interval_s=self.settings.heartbeat_interval_s,
             sent_at=time.time(),
             load=self._load,
+            instance_id=self.instance_id,
         )
         await self.nc.publish(
             self.topo.heartbeat_subject(self.settings.pool, self.settings.worker_id), hb.model_dump_json().encode()

@@ -53,9 +53,13 @@ class WorkerRegistry:
     def update(self, hb: Heartbeat) -> None:
         self.workers[hb.worker_id] = _WorkerSeen(hb, time.monotonic() + HEARTBEAT_MISSES * hb.interval_s)
 
-    def alive(self, worker_id: str) -> bool:
+    def alive(self, worker_id: str, instance_id: str = "") -> bool:
+        """Beating within its TTL, and, when ``instance_id`` is given, still the same process (one
+        restarted under the same id does not carry on its predecessor's attempts)."""
         seen = self.workers.get(worker_id)
-        return seen is not None and seen.expires_at > time.monotonic()
+        if seen is None or seen.expires_at <= time.monotonic():
+            return False
+        return not instance_id or not seen.hb.instance_id or seen.hb.instance_id == instance_id
 
     def ttl(self, worker_id: str) -> float:
         seen = self.workers.get(worker_id)
@@ -81,6 +85,7 @@ class _Inflight:
     queue: asyncio.Queue[AttemptMessage] = field(default_factory=asyncio.Queue)
     next_seq: int = 0
     worker_id: str | None = None  # the worker that took it (StreamStarted)
+    worker_instance: str = ""  # and which process of it
     target_worker: str | None = None  # the worker it was addressed to, before one took it
     lost_reported: bool = False
     done: bool = False
@@ -247,6 +252,7 @@ class NatsDispatcher:
         inf.last_msg_at = time.monotonic()
         if isinstance(m, StreamStarted):
             inf.worker_id = m.worker_id
+            inf.worker_instance = m.instance_id
         inf.queue.put_nowait(m)
         if isinstance(m, StreamEnd | StreamError):
             inf.done = True
@@ -280,7 +286,7 @@ class NatsDispatcher:
                 # A worker addressed directly that dies before taking the attempt is lost too:
                 # its consumer would hold the message until the queue timeout otherwise.
                 wid = inf.worker_id or inf.target_worker
-                if not wid or inf.done or inf.lost_reported or self.registry.alive(wid):
+                if not wid or inf.done or inf.lost_reported or self.registry.alive(wid, inf.worker_instance):
                     continue
                 # Tokens still arriving prove the worker alive even when its heartbeats lag (an
                 # overloaded event loop); lost means silent on both for the heartbeat TTL.
