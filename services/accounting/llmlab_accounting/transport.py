@@ -256,9 +256,7 @@ class AccountingTransport:
                     self._heartbeats = (rows + self._heartbeats)[-MAX_BUFFERED_HEARTBEATS:]
             if stopping:
                 return
-            deadline = time.monotonic() + self.settings.heartbeat_flush_s
-            while not self._stopping and time.monotonic() < deadline:
-                await asyncio.sleep(min(0.2, self.settings.heartbeat_flush_s))
+            await self._pause(self.settings.heartbeat_flush_s)
 
     # -- attribution --------------------------------------------------------------------------------
     async def _attribution_loop(self) -> None:
@@ -272,7 +270,10 @@ class AccountingTransport:
             except Exception:
                 self.service.m.attribution_errors.inc()
                 log.exception("attribution failed")
-            # Sleep in short steps so a stop is not held up by a long period.
-            deadline = time.monotonic() + s.attribution_period_s
-            while not self._stopping and time.monotonic() < deadline:
-                await asyncio.sleep(min(0.2, s.attribution_period_s))
+            await self._pause(s.attribution_period_s)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep in short steps, so that a stop is not held up by a long interval."""
+        deadline = time.monotonic() + seconds
+        while not self._stopping and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.2, seconds))
