@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
+PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml lab/pyproject.toml loadtest/pyproject.toml experiments/pyproject.toml)
 # Tiers that run on this machine; `gpu` needs a GPU and the engines (make gpu-smoke).
 TEST_MARKERS ?= not gpu
 PYTEST_ARGS ?=
@@ -43,10 +43,11 @@ test-e2e: install infra ## whole stack on the simulator (no real vLLM)
 lint: install ## ruff (lint + format check) and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy libs/common/llmlab_common libs/worker/llmlab_worker services/gateway/llmlab_gateway \
+	$(VENV)/bin/mypy libs/common/llmlab_common libs/twin/llmlab_twin libs/routing/llmlab_routing \
+	  libs/worker/llmlab_worker libs/testkit/llmlab_testkit services/gateway/llmlab_gateway \
 	  services/worker-vllm/llmlab_worker_vllm services/worker-sglang/llmlab_worker_sglang \
 	  services/engine-sim/llmlab_engine_sim services/budget/llmlab_budget services/router/llmlab_router \
-	  services/accounting/llmlab_accounting experiments/llmlab_experiments loadtest
+	  services/accounting/llmlab_accounting lab/llmlab_lab loadtest/llmlab_loadtest experiments/llmlab_experiments
 
 format: install ## apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .
@@ -65,19 +66,19 @@ demo: up ## the main job: stack on the simulator, streaming requests via the ope
 	$(PY) scripts/demo.py
 
 bench: install infra ## benchmarks -> results/: relay (stack vs simulator), budget, router decision + NATS round trip, accounting ingest
-	$(PY) loadtest/relay_bench.py
-	$(PY) loadtest/budget_bench.py
-	$(PY) loadtest/router_bench.py
-	$(PY) loadtest/accounting_bench.py
+	$(PY) -m llmlab_loadtest.relay_bench
+	$(PY) -m llmlab_loadtest.budget_bench
+	$(PY) -m llmlab_loadtest.router_bench
+	$(PY) -m llmlab_loadtest.accounting_bench
 
 report: install ## accounting reports: reports/sql/*.sql -> reports/out/ tables + PNG plots (via the service on :8086, else its chdb dir)
 	$(PY) -m llmlab_accounting.report
 
 costmodel: install ## §11 cost model: engine-twin throughput sweeps, scenario table and plot -> results/costmodel
-	$(PY) -m llmlab_accounting.costmodel_cli --scenarios configs/costmodel.yaml --out results/costmodel --run-twin
+	$(PY) -m llmlab_lab.costmodel_cli --scenarios configs/costmodel.yaml --out results/costmodel --run-twin
 
 router-eval: install ## router policies + replica pickers replayed in the engine twin (SIMULATED) -> results/router-eval
-	$(PY) -m llmlab_router.evaluate --out results/router-eval --seed 7
+	$(PY) -m llmlab_lab.router_eval --out results/router-eval --seed 7
 
 experiments: install infra install-vllm ## the tutorial's experiments, full size (twin + real vLLM-on-CPU) -> results/<experiment>/
 	$(PY) -m llmlab_experiments --out results

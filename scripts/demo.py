@@ -24,12 +24,10 @@ from typing import Any
 
 import httpx
 import openai
+from llmlab_common.metrics import parse_prometheus_text
+from llmlab_loadtest.bench_meta import metadata_block
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "loadtest"))
-
-from bench_meta import metadata_block  # noqa: E402
-from llmlab_common.metrics import parse_prometheus_text  # noqa: E402
 
 log = logging.getLogger("demo")
 RUN_DIR = Path(os.environ.get("LLMLAB_RUN_DIR", REPO / ".run"))
@@ -223,7 +221,8 @@ def load_run(base: str, out_dir: Path, stamp: str) -> list[dict[str, Any]]:
         out = out_dir / f"demo-{stamp}-{model.split('/')[-1]}.load.json"
         cmd = [
             sys.executable,
-            str(REPO / "loadtest" / "sse_client.py"),
+            "-m",
+            "llmlab_loadtest.sse_client",
             "--url",
             base + "/v1/chat/completions",
             "--model",
@@ -282,7 +281,7 @@ def report(
         model_id=", ".join(m for m, *_ in LOAD),
         concurrency=", ".join(str(c) for _, c, *_ in LOAD),
         warmup="none: the SDK tour before the load run warms every process",
-        prompt_dataset="fixed short chat prompt (loadtest/sse_client.py DEFAULT_PROMPT)",
+        prompt_dataset="fixed short chat prompt (llmlab_loadtest.sse_client DEFAULT_PROMPT)",
         input_length_distribution="fixed, ~20 tokens",
         output_length_distribution="max_tokens 64 (simulator output_len 128, so every request ends on length)",
         sampling_parameters="defaults (temperature unset)",

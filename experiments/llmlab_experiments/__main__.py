@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from llmlab_experiments.note import REPO, command_line
+from llmlab_experiments.note import command_line
 
 log = logging.getLogger("llmlab_experiments")
 
@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m llmlab_experiments", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="CI-sized sweeps")
     ap.add_argument("--only", nargs="*", default=None, help="module names to run (default: all)")
-    ap.add_argument("--out", type=Path, default=REPO / "results")
+    ap.add_argument("--out", type=Path, default=Path("results"))
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
     if args.list:

@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import llmlab_engine_sim.twin.replay as replay
+import llmlab_twin.replay as replay
 import numpy as np
-from llmlab_engine_sim.twin.sched import SeqState, StepCostModel, StepScheduler, TwinSeq
-from llmlab_engine_sim.twin.trace import TraceRequest
+from llmlab_twin.sched import SeqState, StepCostModel, StepScheduler, TwinSeq
+from llmlab_twin.trace import TraceRequest
 
 
 @dataclass

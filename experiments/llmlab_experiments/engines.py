@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import llmlab_engine_sim.twin.replay as replay
-from llmlab_engine_sim.twin.trace import TraceRequest
+import llmlab_twin.replay as replay
+from llmlab_twin.trace import TraceRequest
 
 from llmlab_experiments.closed_loop import run_closed_loop
 from llmlab_experiments.closed_loop import summary as closed_summary
@@ -291,7 +291,7 @@ def run(out: Path, quick: bool, command: str) -> Path:
         ),
         unverified=[
             "every real-GPU column: there is no GPU here and SGLang has no CPU build; fill them with "
-            "`scripts/gpu-smoke.sh`'s launch (pipeline argv) plus `python -m llmlab_engine_sim.twin.replay realtime`",
+            "`scripts/gpu-smoke.sh`'s launch (pipeline argv) plus `python -m llmlab_twin.replay realtime`",
             "the SGLang style's timing: the twin has no SGLang calibration point (TWIN.md), so its per-step overhead "
             "is the TensorRT-LLM device fit",
             "SGLang's page size 1 (token-granular prefix matches): the twin matches whole 16-token blocks",

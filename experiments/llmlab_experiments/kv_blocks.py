@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from llmlab_engine_sim.twin.hwcatalog import get_model
-from llmlab_engine_sim.twin.trace import generate
+from llmlab_twin.hwcatalog import get_model
+from llmlab_twin.trace import generate
 
 from llmlab_experiments.kv_common import MAX_NUM_SEQS, MODEL, first_hit_rate, ms, pc, replay, trace_meta
 from llmlab_experiments.note import Note, write_experiment
@@ -72,7 +72,7 @@ def run(out: Path, quick: bool, command: str) -> Path:
         row["waste_share_short_chat"] = chat_row["waste_share"]
     max_len = int(lengths.max())
     contiguous_waste = float((max_len - lengths).mean())  # pre-paged engines reserve max_model_len per request
-    contiguous = {
+    contiguous: dict[str, Any] = {
         "block_size": f"contiguous (reserve {max_len})",
         "waste_tokens_mean": round(contiguous_waste, 1),
         "waste_share": round(float((max_len - lengths).sum() / (max_len * lengths.size)), 5),

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from llmlab_engine_sim.twin.replay import VirtualSetup, build_setup, load_slo_classes, run_virtual, summarize
-from llmlab_engine_sim.twin.roofline import RooflineCostModel
-from llmlab_engine_sim.twin.sched import SeqState, StepCostModel, TwinSeq
-from llmlab_engine_sim.twin.trace import Trace, TraceRequest
+from llmlab_twin.replay import VirtualSetup, build_setup, load_slo_classes, run_virtual, summarize
+from llmlab_twin.roofline import RooflineCostModel
+from llmlab_twin.sched import SeqState, StepCostModel, TwinSeq
+from llmlab_twin.trace import Trace, TraceRequest
 
 from llmlab_experiments.note import metadata
 

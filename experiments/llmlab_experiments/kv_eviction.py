@@ -1,5 +1,5 @@
 """§3.4 Eviction policies on the engine twin, through its policy registry
-(``llmlab_engine_sim.twin.prefix.EVICTION_POLICIES``): the tutorial's weighted score
+(``llmlab_twin.prefix.EVICTION_POLICIES``): the tutorial's weighted score
 (0.40 idle + 0.25 size + 0.20 recompute-cost inverse + 0.15 tenant-priority inverse, weights as
 parameters) against LRU, largest-first, cheapest-recompute-first and keep-paid-users, on traffic
 from three tenants of different priority under a KV budget too small for all their prefixes.
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from llmlab_engine_sim.twin.prefix import DEFAULT_SCORE_WEIGHTS, register_weighted
-from llmlab_engine_sim.twin.trace import DEFAULT_TENANTS, Trace, TraceRequest, generate
+from llmlab_twin.prefix import DEFAULT_SCORE_WEIGHTS, register_weighted
+from llmlab_twin.trace import DEFAULT_TENANTS, Trace, TraceRequest, generate
 
 from llmlab_experiments.kv_common import (
     DEVICE,

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from llmlab_engine_sim.twin.kvcache import num_gpu_blocks_from_kvcalc
-from llmlab_engine_sim.twin.trace import generate
+from llmlab_twin.kvcache import num_gpu_blocks_from_kvcalc
+from llmlab_twin.trace import generate
 
 from llmlab_experiments.kv_blocks import kv_bytes_per_token
 from llmlab_experiments.kv_common import (

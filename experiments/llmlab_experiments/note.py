@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
+from llmlab_loadtest.bench_meta import metadata_block
 
-REPO = Path(__file__).resolve().parents[2]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -109,10 +109,5 @@ def write_experiment(
 
 
 def metadata(**fields: Any) -> dict[str, Any]:
-    """The benchmark metadata block (``loadtest/bench_meta.py``: §12 fields, git commit, CPU, RAM)."""
-    loadtest = str(REPO / "loadtest")
-    if loadtest not in sys.path:
-        sys.path.insert(0, loadtest)
-    from bench_meta import metadata_block  # loadtest/ is scripts, not a package
-
+    """The benchmark metadata block (:mod:`llmlab_loadtest.bench_meta`: §12 fields, git commit, CPU, RAM)."""
     return metadata_block(**fields)

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import llmlab_engine_sim.twin.replay as replay
-import llmlab_engine_sim.twin.trace as trace
+import llmlab_twin.replay as replay
+import llmlab_twin.trace as trace
 
 from llmlab_experiments.closed_loop import run_closed_loop
 from llmlab_experiments.closed_loop import summary as closed_summary
@@ -265,7 +265,7 @@ def run(out: Path, quick: bool, command: str) -> Path:
         concurrency="closed loop, concurrency = max_num_seqs of each rung (16..1024)",
         warmup="the first max_num_seqs requests of each rung are replayed and not measured",
         prompt_dataset=(
-            f"synthetic trace: llmlab_engine_sim.twin.trace tutorial-8.3, seeds {params['seed']} and "
+            f"synthetic trace: llmlab_twin.trace tutorial-8.3, seeds {params['seed']} and "
             f"{int(params['seed']) + SECOND_SEED_OFFSET} (two runs)"
         ),
         input_length_distribution="§8.3 mix: 50% 64-256, 30% 256-1024, 15% 4K-16K, 5% 256-1K tokens",

@@ -24,17 +24,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import llmlab_engine_sim.twin.replay as replay
+import llmlab_twin.replay as replay
 import yaml
-from llmlab_engine_sim.twin.kvcache import num_gpu_blocks_from_kvcalc
-from llmlab_engine_sim.twin.roofline import RooflineCostModel
+from llmlab_twin.kvcache import num_gpu_blocks_from_kvcalc
+from llmlab_twin.roofline import RooflineCostModel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from llmlab_experiments.note import REPO
 
 log = logging.getLogger(__name__)
 
-PIPELINE_DIR = REPO / "configs" / "pipelines"
+PIPELINE_DIR = Path("configs") / "pipelines"
 Engine = Literal["vllm", "sglang"]
 ENGINES: tuple[Engine, ...] = ("vllm", "sglang")
 

@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmlab_engine_sim.twin import kvcalc
-from llmlab_engine_sim.twin.hwcatalog import DeviceSpec, ModelSpec, get_device, get_model
-from llmlab_engine_sim.twin.replay import build_setup, load_slo_classes, run_virtual, summarize
-from llmlab_engine_sim.twin.roofline import RooflineCostModel
-from llmlab_engine_sim.twin.trace import TraceRequest
+from llmlab_twin import kvcalc
+from llmlab_twin.hwcatalog import DeviceSpec, ModelSpec, get_device, get_model
+from llmlab_twin.replay import build_setup, load_slo_classes, run_virtual, summarize
+from llmlab_twin.roofline import RooflineCostModel
+from llmlab_twin.trace import TraceRequest
 
 from llmlab_experiments.note import Note, metadata, write_experiment
 

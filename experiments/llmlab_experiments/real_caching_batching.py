@@ -27,13 +27,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import importlib
 import logging
 import os
 import random
 import re
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from llmlab_loadtest import sse_client as sc
 
-from llmlab_experiments.note import REPO, Note, metadata, write_experiment
+from llmlab_experiments.note import Note, metadata, write_experiment
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +50,7 @@ ROUNDS = 2
 # SmolLM2's end tokens (<|endoftext|> 0, <|im_end|> 2): banned so every request generates exactly max_tokens.
 NO_EOS_BIAS = {"0": -100.0, "2": -100.0}
 # fp32 compute: on this AVX2-only CPU vLLM's bf16 path falls back to torch's linear (~2-4x slower; see
-# llmlab_engine_sim.twin.calibrate_cpu BF16_PROBE). The bf16 checkpoint's weights are exact in fp32.
+# llmlab_lab.twin_calibrate_cpu BF16_PROBE). The bf16 checkpoint's weights are exact in fp32.
 DTYPE = "float32"
 BLOCK_SIZE = 128  # vLLM's CPU default, pinned: prefix caching hits whole blocks only
 WORKER_CONCURRENCY = 8  # the same on every engine, so max_num_seqs alone decides the batch
@@ -102,14 +101,6 @@ _TEAMS = ["the billing desk", "tier-two support", "the on-call engineer", "the a
 _TIMES = ["within one hour", "within two business days", "before the end of the week", "on the same day"]
 _NOUNS = ["lighthouse keeper", "baker", "robot", "gardener", "pilot", "librarian", "fox", "sailor", "painter"]
 _PLACES = ["a desert town", "the moon", "an old harbour", "a mountain village", "a busy airport", "a forest"]
-
-
-def sse() -> Any:
-    """loadtest/sse_client.py (loadtest/ holds scripts, not a package)."""
-    path = str(REPO / "loadtest")
-    if path not in sys.path:
-        sys.path.insert(0, path)
-    return importlib.import_module("sse_client")
 
 
 def shared_prefix(round_no: int, sentences: int) -> str:
@@ -283,7 +274,6 @@ async def _drive(gateway_url: str, bodies: list[list[dict[str, Any]]]) -> tuple[
     import aiohttp
     from llmlab_testkit.fixtures import DEV_KEY
 
-    sc = sse()
     records: list[Any] = []
     headers = {"Authorization": f"Bearer {DEV_KEY}", "Content-Type": "application/json"}
     async with aiohttp.ClientSession(
@@ -316,7 +306,6 @@ def chat_body(model: str, system: str | None, user: str, max_tokens: int) -> dic
 
 def measure(sv: Served, bodies: list[list[dict[str, Any]]], *, experiment: str, round_no: int) -> dict[str, Any]:
     """One measured run against one engine through its stack: client summary + engine counters + machine load."""
-    sc = sse()
     before = scrape(sv.engine_url)
     eng_cpu0, _ = proc_tree(sv.proc.pid)
     load0 = os.getloadavg()

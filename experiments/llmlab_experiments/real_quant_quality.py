@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from llmlab_loadtest import sse_client as sc
 
 from llmlab_experiments.note import Note, metadata, write_experiment
 from llmlab_experiments.real_caching_batching import engine_env, proc_tree, vllm_base_command, vllm_version
@@ -367,9 +368,6 @@ async def _stream_speed(eng: Engine, max_tokens: int) -> dict[str, Any]:
     """One streamed request (SSE client's parser): TTFT, ITL, decode tok/s on an otherwise idle engine."""
     import aiohttp
 
-    from llmlab_experiments.real_caching_batching import sse
-
-    sc = sse()
     body = {
         "model": eng.model_name,
         "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": SPEED_PROMPT}],

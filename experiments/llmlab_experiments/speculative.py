@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from llmlab_engine_sim.twin import kvcalc
-from llmlab_engine_sim.twin.hwcatalog import DeviceSpec, ModelSpec, get_device, get_model
-from llmlab_engine_sim.twin.roofline import RooflineCostModel, StepBatch, params_for
+from llmlab_twin import kvcalc
+from llmlab_twin.hwcatalog import DeviceSpec, ModelSpec, get_device, get_model
+from llmlab_twin.roofline import RooflineCostModel, StepBatch, params_for
 
 from llmlab_experiments.note import Note, metadata, write_experiment
 

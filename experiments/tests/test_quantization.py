@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llmlab_engine_sim.twin.hwcatalog import get_device, get_model
 from llmlab_experiments import quantization as q
 from llmlab_experiments.quantization import PrecisionConstraints, select_precision
+from llmlab_twin.hwcatalog import get_device, get_model
 
 pytestmark = pytest.mark.unit
 

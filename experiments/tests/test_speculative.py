@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llmlab_engine_sim.twin.hwcatalog import get_device, get_model
 from llmlab_experiments import speculative as sp
+from llmlab_twin.hwcatalog import get_device, get_model
 
 pytestmark = pytest.mark.unit
 

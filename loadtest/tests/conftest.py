@@ -8,26 +8,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-# loadtest/ holds scripts, not a package: make ``import sse_client`` / ``import relay_bench`` work
-# (importlib import mode does not put test or script directories on sys.path).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from llmlab_loadtest.bench_meta import METADATA_FIELDS
 
 QuickRun = tuple[Path, dict[str, Any], subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture
 def quick_bench(tmp_path: Path) -> Callable[..., QuickRun]:
-    """Run a benchmark script with ``--quick`` into ``tmp_path`` and check what every benchmark
-    writes: one stamped ``<prefix>-<ts>.json`` with its ``.md`` and ``.png``, and a metadata block
-    with every required field filled. Returns (the JSON's path, its document, the process)."""
-    from bench_meta import METADATA_FIELDS
+    """Run a benchmark module (``python -m llmlab_loadtest.<bench>``) with ``--quick`` into
+    ``tmp_path`` and check what every benchmark writes: one stamped ``<prefix>-<ts>.json`` with
+    its ``.md`` and ``.png``, and a metadata block with every required field filled.
+    Returns (the JSON's path, its document, the process)."""
 
     def run(
-        bench: Path, prefix: str, out_flag: str = "--out", timeout: float = 300, extra_fields: Sequence[str] = ()
+        bench: str, prefix: str, out_flag: str = "--out", timeout: float = 300, extra_fields: Sequence[str] = ()
     ) -> QuickRun:
         proc = subprocess.run(
-            [sys.executable, str(bench), "--quick", out_flag, str(tmp_path)],
+            [sys.executable, "-m", f"llmlab_loadtest.{bench}", "--quick", out_flag, str(tmp_path)],
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -4,13 +4,12 @@ against the real NATS JetStream, one accounting service process and its chdb (in
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import accounting_bench as ab
 import pytest
+from llmlab_loadtest import accounting_bench as ab
 
-BENCH = Path(ab.__file__).resolve()
+BENCH = "accounting_bench"
 
 
 def _run(phase: str, steady: float, vis_max: float, n: int = 10) -> dict[str, Any]:

@@ -5,13 +5,12 @@ service process and two load processes per run)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import budget_bench as bb
 import pytest
+from llmlab_loadtest import budget_bench as bb
 
-BENCH = Path(bb.__file__).resolve()
+BENCH = "budget_bench"
 
 
 @pytest.mark.unit

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import relay_bench as rb
-from bench_meta import METADATA_FIELDS
+from llmlab_loadtest import relay_bench as rb
+from llmlab_loadtest.bench_meta import METADATA_FIELDS
 
-BENCH = Path(rb.__file__).resolve()
+BENCH = "relay_bench"
 
 
 def _run(

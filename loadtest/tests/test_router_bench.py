@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-import router_bench as rb
-from bench_meta import METADATA_FIELDS
+from llmlab_loadtest import router_bench as rb
+from llmlab_loadtest.bench_meta import METADATA_FIELDS
 
 
 @pytest.mark.integration

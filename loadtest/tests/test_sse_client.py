@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import sse_client as sc
+from llmlab_loadtest import sse_client as sc
 from llmlab_testkit.procs import Stack, free_port, url
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"

@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import LLAMA, client, eventually, metric, sim_stats, stream_chat
 from llmlab_common.natsio import connect
 from llmlab_common.subjects import Topology
 from llmlab_testkit.budget import DEV_ADMIN_KEY, BudgetAdmin
+from llmlab_testkit.e2e import LLAMA, client, eventually, metric, sim_stats, stream_chat
 from llmlab_testkit.procs import ManagedProcess, Stack, url
 
 pytestmark = pytest.mark.e2e

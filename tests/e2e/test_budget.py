@@ -8,8 +8,8 @@ import time
 import httpx
 import openai
 import pytest
-from helpers import LLAMA, client, eventually, sim_stats
 from llmlab_testkit.budget import BudgetAdmin, Provisioned
+from llmlab_testkit.e2e import LLAMA, client, eventually, sim_stats
 from llmlab_testkit.procs import ManagedProcess, Stack, url
 
 pytestmark = pytest.mark.e2e

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import LLAMA, eventually
 from llmlab_common.tokens import estimate_chat
 from llmlab_testkit.budget import BudgetAdmin, Provisioned
+from llmlab_testkit.e2e import LLAMA, eventually
 from llmlab_testkit.procs import Stack, url
 
 pytestmark = pytest.mark.e2e
@@ -50,7 +50,8 @@ def hammer(tmp: Path, gateways: list[str], key: str) -> list[dict]:
             subprocess.Popen(
                 [
                     sys.executable,
-                    str(REPO / "loadtest" / "sse_client.py"),
+                    "-m",
+                    "llmlab_loadtest.sse_client",
                     "--url", gw + "/v1/chat/completions",
                     "--model", LLAMA,
                     "--api-key", key,

@@ -9,11 +9,11 @@ import time
 
 import httpx
 import pytest
-from helpers import LLAMA, eventually, metric
 from llmlab_common.messages import AttemptEvent, ErrorInfo, Principal, ReserveReply, ReserveRequest, Usage
 from llmlab_common.natsio import connect
 from llmlab_common.subjects import Topology
 from llmlab_testkit.budget import BudgetAdmin, Provisioned
+from llmlab_testkit.e2e import LLAMA, eventually, metric
 from llmlab_testkit.procs import Stack, url
 
 pytestmark = pytest.mark.e2e

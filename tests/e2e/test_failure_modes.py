@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from helpers import LLAMA, QWEN, client, eventually, metric, sim_stats
+from llmlab_testkit.e2e import LLAMA, QWEN, client, eventually, metric, sim_stats
 from llmlab_testkit.fixtures import DEV_KEY
 from llmlab_testkit.procs import Stack, url
 

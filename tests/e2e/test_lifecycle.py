@@ -7,8 +7,8 @@ import asyncio
 import httpx
 import openai
 import pytest
-from helpers import LLAMA, client, eventually, metric, sim_stats
 from llmlab_common.messages import AttemptEvent, RequestEvent
+from llmlab_testkit.e2e import LLAMA, client, eventually, metric, sim_stats
 from llmlab_testkit.natsclient import WorkerClient
 from llmlab_testkit.procs import Stack, url
 

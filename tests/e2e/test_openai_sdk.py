@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from helpers import LLAMA, QWEN, client
+from llmlab_testkit.e2e import LLAMA, QWEN, client
 from llmlab_testkit.procs import Stack, url
 
 pytestmark = pytest.mark.e2e

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from helpers import client, eventually
+from llmlab_testkit.e2e import client, eventually
 from llmlab_testkit.fixtures import DEV_KEY
 from llmlab_testkit.procs import Stack, url
 from llmlab_testkit.vllm import SERVED_NAME, vllm_gauge

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import LLAMA, QWEN, eventually, sim_stats
+from llmlab_testkit.e2e import LLAMA, QWEN, eventually, sim_stats
 from llmlab_testkit.fixtures import DEV_KEY
 from llmlab_testkit.procs import ManagedProcess, Stack, url
 

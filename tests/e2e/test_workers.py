@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers import LLAMA, QWEN, client, eventually, metric, sim_stats, stream_chat
 from llmlab_common.messages import TokenChunk
 from llmlab_common.natsio import connect
 from llmlab_common.subjects import Topology
+from llmlab_testkit.e2e import LLAMA, QWEN, client, eventually, metric, sim_stats, stream_chat
 from llmlab_testkit.procs import Stack, url
 
 pytestmark = pytest.mark.e2e

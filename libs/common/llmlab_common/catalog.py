@@ -156,7 +156,7 @@ class Catalog(_Strict):
     prices: Prices
     slo_classes: dict[str, SloClass]
     plans: dict[str, Plan]
-    # Routing policies: validated by the router (llmlab_router.config), which owns the plug-in names.
+    # Routing policies: validated by the router (llmlab_routing.config), which owns the plug-in names.
     routing: dict[str, Any] | None = None
 
     @model_validator(mode="after")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from types import TracebackType
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from llmlab_common.messages import (
     STREAM_MESSAGE,
@@ -65,7 +65,7 @@ class WorkerClient:
         max_tokens: int = 16,
         attempt: int = 1,
         start_deadline_s: float = 30,
-        **params: object,
+        **params: Any,
     ) -> InferenceRequest:
         now = time.time()
         return InferenceRequest(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -155,7 +155,7 @@ class OpenAIEngineAdapter:
     def path_for(self, req: InferenceRequest) -> str:
         return "/v1/chat/completions" if req.endpoint == "chat" else "/v1/completions"
 
-    async def stream(self, req: InferenceRequest) -> AsyncIterator[EngineEvent]:
+    async def stream(self, req: InferenceRequest) -> AsyncGenerator[EngineEvent, None]:
         """Yield parsed chunks; closing the iterator closes the HTTP stream, which aborts the
         request inside the engine (both vLLM and SGLang abort on client disconnect)."""
         body = self.build_body(req)

@@ -10,7 +10,7 @@ import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from llmlab_common.catalog import Catalog
 from llmlab_common.logging import request_id_var
@@ -209,7 +209,7 @@ class Worker:
         self.nc = await connect(s.infra.nats_url, f"worker-{s.worker_id}")
         self.js = self.nc.jetstream()
         await ensure_streams(self.js, self.topo)
-        common = {
+        common: dict[str, Any] = {
             "ack_policy": AckPolicy.EXPLICIT,
             "ack_wait": s.ack_wait_s,
             "max_deliver": s.max_deliver,

@@ -37,7 +37,7 @@ from llmlab_budget.model import DISPLAY_PREFIX_LEN, Identity, hash_key, new_api_
 log = logging.getLogger(__name__)
 
 ADMIN_KEY_PREFIX = "sk-adm-"
-UNLIMITED = "unlimited"
+UNLIMITED: Literal["unlimited"] = "unlimited"
 MAX_NAME_LEN = 200
 LIMIT_FIELDS: tuple[str, ...] = tuple(LimitSet.model_fields)
 

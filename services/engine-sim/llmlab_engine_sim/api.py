@@ -15,13 +15,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from llmlab_common.messages import Endpoint, Usage
 from llmlab_common.openai_wire import SSE_DONE, ContentChunkEncoder, chunk, completion, object_id, sse
 from llmlab_common.runtime import ServiceState
+from llmlab_twin.sched import prompt_block_keys as twin_keys
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.types import Receive, Scope, Send
 
@@ -30,9 +31,7 @@ from llmlab_engine_sim.engine import SimEngine
 from llmlab_engine_sim.protocol import ApiError, ParsedRequest
 from llmlab_engine_sim.scheduler import Clock, RequestState, SimRequest
 from llmlab_engine_sim.settings import SimSettings
-
-if TYPE_CHECKING:  # twin mode is imported only when used: the fixed mode does not depend on it
-    from llmlab_engine_sim.twin.sched import RealtimeTwinScheduler
+from llmlab_engine_sim.twin_rt import RealtimeTwinScheduler, TwinGpuCollector, twin_scheduler_from_settings
 
 log = logging.getLogger(__name__)
 
@@ -236,11 +235,9 @@ def _install_twin(engine: SimEngine, settings: SimSettings, clock: Clock | None)
     """``--mode twin``: the engine twin's step scheduler replaces the fixed-latency one (same
     interface), the flavour's metrics read its KV/prefix/preemption figures, and simulated
     GPU gauges join ``/metrics``."""
-    from llmlab_engine_sim.twin.sched import TwinGpuCollector, twin_scheduler_from_settings
-
     twin = twin_scheduler_from_settings(settings, clock=clock, observer=engine.metrics)
-    engine.scheduler = twin  # type: ignore[assignment]
-    engine.metrics.bind(twin)  # type: ignore[arg-type]
+    engine.scheduler = twin
+    engine.metrics.bind(twin)
     engine.registry.register(TwinGpuCollector(twin, settings))
     return twin
 
@@ -270,8 +267,6 @@ def create_app(settings: SimSettings | None = None, *, clock: Clock | None = Non
     app.state.service_state = state
     app.state.engine = engine
     twin = _install_twin(engine, settings, clock) if settings.mode == "twin" else None
-    if twin is not None:
-        from llmlab_engine_sim.twin.sched import prompt_block_keys as twin_keys
 
     async def generate(endpoint: Endpoint, raw: bytes) -> Response:
         if not engine.healthy:

@@ -17,6 +17,7 @@ from llmlab_engine_sim.flavors import FLAVORS, EngineMetrics, Flavor
 from llmlab_engine_sim.protocol import ParsedRequest
 from llmlab_engine_sim.scheduler import (
     Clock,
+    LoopScheduler,
     OutputPlan,
     Scheduler,
     SchedulerConfig,
@@ -43,7 +44,7 @@ class SimEngine:
             itl_s=settings.itl_ms / 1000.0,
             tick_s=min(settings.tick_ms, settings.itl_ms) / 1000.0,
         )
-        self.scheduler = Scheduler(config, clock=clock, observer=self.metrics)
+        self.scheduler: LoopScheduler = Scheduler(config, clock=clock, observer=self.metrics)
         self.metrics.bind(self.scheduler)
         self.service_state.checks.setdefault("scheduler", lambda: self.scheduler.alive)
         # One registry per engine: tests run several apps in one process.

@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from llmlab_engine_sim import protocol
-from llmlab_engine_sim.scheduler import Scheduler, SchedulerObserver, SimRequest
+from llmlab_engine_sim.scheduler import LoopScheduler, SchedulerObserver, SimRequest
 from llmlab_engine_sim.settings import SimSettings
 
 if TYPE_CHECKING:
@@ -84,13 +84,13 @@ class EngineMetrics(SchedulerObserver):
 
     def __init__(self, settings: SimSettings) -> None:
         self.settings = settings
-        self._scheduler: Scheduler | None = None
+        self._scheduler: LoopScheduler | None = None
 
-    def bind(self, scheduler: Scheduler) -> None:
+    def bind(self, scheduler: LoopScheduler) -> None:
         self._scheduler = scheduler
 
     @property
-    def scheduler(self) -> Scheduler:
+    def scheduler(self) -> LoopScheduler:
         if self._scheduler is None:
             raise RuntimeError("metrics not bound to a scheduler")
         return self._scheduler

@@ -312,6 +312,7 @@ class LoopScheduler:
 
     _task_name = "engine-sim-scheduler"
     stats: SchedulerStats
+    clock: Clock
     _task: asyncio.Task[None] | None = None
 
     @property
@@ -337,6 +338,12 @@ class LoopScheduler:
         raise NotImplementedError
 
     def abort(self, req_id: str) -> bool:
+        raise NotImplementedError
+
+    def submit(self, req: SimRequest) -> None:
+        raise NotImplementedError
+
+    def running_requests(self) -> Iterator[SimRequest]:
         raise NotImplementedError
 
     def snapshot(self) -> dict[str, Any]:

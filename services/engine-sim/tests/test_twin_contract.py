@@ -14,12 +14,12 @@ import pytest
 from llmlab_common.metrics import parse_prometheus_text
 from llmlab_engine_sim.api import create_app
 from llmlab_engine_sim.settings import SimSettings
-from llmlab_engine_sim.twin import replay
-from llmlab_engine_sim.twin import trace as tr
 from llmlab_testkit import contract
 from llmlab_testkit.contract import EngineUnderTest
 from llmlab_testkit.inproc import serve_in_loop
 from llmlab_testkit.procs import Stack, url
+from llmlab_twin import replay
+from llmlab_twin import trace as tr
 
 pytestmark = pytest.mark.integration
 

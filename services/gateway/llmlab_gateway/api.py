@@ -23,12 +23,11 @@ from llmlab_common.metrics import Metrics
 from llmlab_common.natsio import connect, ensure_streams
 from llmlab_common.runtime import ServiceState, ops_router
 from llmlab_common.subjects import Topology
-from llmlab_router.app import reload_loop
-from llmlab_router.config import CatalogHolder
-from llmlab_router.core import RouterCore
-from llmlab_router.feed import LiveFeed
-from llmlab_router.records import DecisionLog
-from llmlab_router.state import LiveState
+from llmlab_routing.config import CatalogHolder, watch_catalog
+from llmlab_routing.core import RouterCore
+from llmlab_routing.feed import LiveFeed
+from llmlab_routing.records import DecisionLog
+from llmlab_routing.state import LiveState
 from pydantic import ValidationError
 
 from llmlab_gateway.auth import AdmissionRequest, Admitter, StaticKeyAuthenticator, require_key
@@ -154,7 +153,7 @@ def create_app(settings: GatewaySettings, admitter: Admitter | None = None) -> F
             if settings.router == "embedded"
             else RemoteRouter(nc, topo, settings.router_timeout_s, embedded, gm.router_degraded)
         )
-        reloader = asyncio.create_task(reload_loop(holder, settings.catalog_reload_interval_s), name="catalog-reload")
+        reloader = asyncio.create_task(watch_catalog(holder, settings.catalog_reload_interval_s), name="catalog-reload")
         app.state.holder = holder
         app.state.dispatcher = dispatcher
         if admitter is not None:

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from llmlab_common.messages import RouteQuery, RouteReply
 from llmlab_common.subjects import Topology
-from llmlab_router.core import RouterCore
+from llmlab_routing.core import RouterCore
 from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout

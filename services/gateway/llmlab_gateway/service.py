@@ -41,8 +41,8 @@ from llmlab_common.messages import (
 )
 from llmlab_common.tokens import PromptEstimate, estimate_chat
 from llmlab_common.tokens import estimate_prompt as estimate_completion_prompt
-from llmlab_router.config import CatalogHolder, RouterCatalog
-from llmlab_router.features import chat_prefix_text, chat_task, difficulty, prefix_hashes
+from llmlab_routing.config import CatalogHolder, RouterCatalog
+from llmlab_routing.features import chat_prefix_text, chat_task, difficulty, prefix_hashes
 
 from llmlab_gateway.routing import Router
 from llmlab_gateway.schemas import ChatCompletionRequest, CompletionRequest

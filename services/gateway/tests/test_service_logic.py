@@ -29,9 +29,9 @@ from llmlab_gateway.routing import EmbeddedRouter
 from llmlab_gateway.schemas import ChatCompletionRequest
 from llmlab_gateway.service import AttemptMessage, CallContext, CompletionService, WorkerLost
 from llmlab_gateway.settings import GatewaySettings
-from llmlab_router.config import load_router_catalog
-from llmlab_router.core import RouterCore
-from llmlab_router.state import LiveState
+from llmlab_routing.config import load_router_catalog
+from llmlab_routing.core import RouterCore
+from llmlab_routing.state import LiveState
 
 pytestmark = pytest.mark.unit
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -42,8 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "check":
         from llmlab_common.catalog import CatalogError
-
-        from llmlab_router.config import load_router_catalog
+        from llmlab_routing.config import load_router_catalog
 
         try:
             rc = load_router_catalog(args.catalog)
@@ -52,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         sys.stdout.write(f"{args.catalog}: ok (version {rc.version}, policies {sorted(rc.routing.policies)})\n")
         return 0
-    from llmlab_router.records import explain_text, find_record, replay
+    from llmlab_routing.records import explain_text, find_record, replay
 
     rec = find_record(args.log, args.request_id)
     if rec is None:

@@ -14,28 +14,17 @@ from llmlab_common.metrics import Metrics
 from llmlab_common.natsio import connect, ensure_streams
 from llmlab_common.runtime import ServiceState, ops_router
 from llmlab_common.subjects import Topology
+from llmlab_routing.config import CatalogHolder, watch_catalog
+from llmlab_routing.core import RouterCore
+from llmlab_routing.feed import LiveFeed
+from llmlab_routing.records import DecisionLog
+from llmlab_routing.state import LiveState
 
-from llmlab_router.config import CatalogHolder
-from llmlab_router.core import RouterCore
-from llmlab_router.feed import LiveFeed
 from llmlab_router.metrics import RouterMetrics
-from llmlab_router.records import DecisionLog
 from llmlab_router.settings import RouterSettings
-from llmlab_router.state import LiveState
 from llmlab_router.transport import RouteResponder
 
 log = logging.getLogger(__name__)
-
-
-async def reload_loop(holder: CatalogHolder, interval_s: float, metrics: RouterMetrics | None = None) -> None:
-    """Poll the catalog file; a valid change is swapped in, an invalid one keeps the last good."""
-    while True:
-        await asyncio.sleep(interval_s)
-        before = holder.failed_reloads
-        if holder.maybe_reload() and metrics is not None:
-            metrics.reloads.labels("ok").inc()
-        if holder.failed_reloads != before and metrics is not None:
-            metrics.reloads.labels("refused").inc()
 
 
 def create_app(settings: RouterSettings) -> FastAPI:
@@ -64,7 +53,9 @@ def create_app(settings: RouterSettings) -> FastAPI:
             responder = RouteResponder(nc, topo, core, rm)
             await responder.start()
             stack.push_async_callback(responder.stop)
-            reloader = asyncio.create_task(reload_loop(holder, settings.reload_interval_s, rm), name="catalog-reload")
+            reloader = asyncio.create_task(
+                watch_catalog(holder, settings.reload_interval_s, rm.reloaded), name="catalog-reload"
+            )
             stack.push_async_callback(_cancel, reloader)
             state.checks["nats"] = lambda: nc.is_connected
             started = asyncio.get_running_loop().time()

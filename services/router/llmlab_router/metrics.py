@@ -20,6 +20,9 @@ class RouterMetrics:
         )
         self.reloads = metrics.counter("router_catalog_reloads_total", "Catalog reloads by result", ("result",))
 
+    def reloaded(self, result: str) -> None:
+        self.reloads.labels(result).inc()
+
     def observe(self, reply: RouteReply, policy: str) -> None:
         if reply.targets:
             self.decisions.labels(policy, reply.targets[0].deployment, "routed").inc()

@@ -7,12 +7,12 @@ import logging
 from llmlab_common.errors import InvalidRequest
 from llmlab_common.messages import RouteQuery, RouteReply
 from llmlab_common.subjects import Topology
+from llmlab_routing.core import RouterCore
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
-from llmlab_router.core import RouterCore
 from llmlab_router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)

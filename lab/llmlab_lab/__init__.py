@@ -1,0 +1,1 @@
+"""Lab tools: evaluations, sweeps and calibrations over the libraries (never imported by a service)."""

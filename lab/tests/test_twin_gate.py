@@ -1,0 +1,47 @@
+"""The twin regression gate: passes on the checked-in baseline, fails on a slower engine."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from llmlab_lab import twin_gate as gate
+
+pytestmark = pytest.mark.unit
+
+
+def test_gate_passes_on_the_checked_in_baseline(capsys: pytest.CaptureFixture[str]) -> None:
+    t0 = time.perf_counter()
+    assert gate.main([]) == 0
+    assert time.perf_counter() - t0 < 10
+    out = capsys.readouterr().out
+    assert "PASS" in out and "simulated" in out and "overspend" in out
+
+
+def test_gate_fails_when_the_engine_gets_slower(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gate.main(["--slowdown", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION" in out and "goodput_rps" in out.split("FAIL")[1]
+
+
+def test_update_baseline_then_compare(tmp_path: Path) -> None:
+    cfg = yaml.safe_load(gate.DEFAULT_CONFIG.read_text())
+    cfg.pop("baseline", None)
+    path = tmp_path / "gate.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert gate.main(["--config", str(path)]) == 1  # no baseline yet
+    assert gate.main(["--config", str(path), "--update-baseline"]) == 0
+    written = yaml.safe_load(path.read_text())
+    assert written["baseline"]["goodput_rps"] > 0
+    # a faster engine is an improvement, not a failure
+    assert gate.main(["--config", str(path), "--slowdown", "0.8"]) == 0
+
+
+def test_check_directions() -> None:
+    assert gate.Check("goodput_rps", 10, 9.4, 0.05, True).status == "REGRESSION"
+    assert gate.Check("goodput_rps", 10, 9.6, 0.05, True).status == "ok"
+    assert gate.Check("cost_per_1m_tokens_usd", 1.0, 1.06, 0.05, False).status == "REGRESSION"
+    assert gate.Check("cost_per_1m_tokens_usd", 1.0, 0.9, 0.05, False).status == "improved"
+    assert gate.Check("overspend_usd", None, None, 0.05, False).status == "n/a"

@@ -1,0 +1,1 @@
+"""Routing: the decision core shared by the router service and the gateway."""

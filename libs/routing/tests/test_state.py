@@ -1,0 +1,91 @@
+"""Live state: heartbeats age out, pending work counts until the next heartbeat, observed p95
+replaces priors after enough samples, failures mark a deployment, the affinity table is bounded."""
+
+from __future__ import annotations
+
+import pytest
+from llmlab_common.messages import AttemptEvent, Principal, RouteQuery, Timings
+from llmlab_common.settings import DEFAULT_CATALOG
+from llmlab_routing.config import load_router_catalog
+from llmlab_routing.core import RouterCore
+from llmlab_routing.state import LiveState
+from llmlab_testkit.routing import heartbeat as hb
+
+pytestmark = pytest.mark.unit
+
+
+def done(dep: str, ttft: float, outcome: str = "completed") -> AttemptEvent:
+    return AttemptEvent(
+        request_id="r",
+        attempt=1,
+        outcome=outcome,  # type: ignore[arg-type]
+        source="worker",
+        pool="gpu-vllm",
+        deployment=dep,
+        model="m",
+        endpoint="chat",
+        principal=Principal(),
+        timings=Timings(nats_queue_s=0, e2e_s=1, ttft_s=ttft, itl_p95_s=ttft / 10),
+        created_at=0,
+        ended_at=0,
+    )
+
+
+def test_dead_workers_age_out_and_pending_resets_on_heartbeat() -> None:
+    st = LiveState()
+    st.on_heartbeat(hb("w1", interval=1.0), now=100.0)
+    assert [h.worker_id for h in st.live_entries("gpu-vllm", 102.9)[0]] == ["w1"]
+    assert st.live_entries("gpu-vllm", 103.1)[0] == []
+    st.commit("d", "w1", [])
+    st.commit("d", "w1", [])
+    assert st.workers["w1"].pending == 2
+    st.on_heartbeat(hb("w1", in_flight=2), now=101.0)
+    assert st.workers["w1"].pending == 0
+
+
+def test_observed_latency_replaces_priors_after_min_samples() -> None:
+    rc = load_router_catalog(DEFAULT_CATALOG)
+    core = RouterCore(rc, clock=lambda: 1000.0)
+    core.state.on_heartbeat(hb("w1"), now=1000.0)
+    q = RouteQuery(request_id="r", model="meta-llama/Llama-3.1-8B-Instruct", prompt_tokens=10, max_output_tokens=10)
+    view = core.build_inputs(q).deployments[0]
+    assert (view.latency_source, view.ttft_p95_s) == ("prior", 0.25)
+    for _ in range(rc.routing.min_samples):
+        core.state.on_attempt(done("llama-8b-vllm", 0.9), now=999.0)
+    view = core.build_inputs(q).deployments[0]
+    assert view.latency_source == "observed" and view.ttft_p95_s == pytest.approx(0.9)
+    # Outside the window the samples are gone and priors return.
+    view = core.build_inputs(q, now=999.0 + rc.routing.stats_window_s + 1).deployments[0]
+    assert view.latency_source == "prior"
+
+
+def test_failures_are_counted_per_deployment() -> None:
+    st = LiveState()
+    for _ in range(3):
+        st.on_attempt(done("a", 0.1, "engine_error"), now=10.0)
+    st.on_attempt(done("a", 0.1), now=10.0)
+    assert st.stats["a"].failure_rate(10.0, 60) == (0.75, 4)
+
+
+def test_affinity_follows_the_last_worker_and_is_bounded() -> None:
+    st = LiveState(affinity_capacity=4)
+    st.commit("d", "w1", ["h1", "h2", "h3"])
+    assert st.prefix_match("w1", ["h1", "h2", "h3", "h4"]) == 3
+    st.commit("d", "w2", ["h1"])
+    assert st.prefix_match("w1", ["h1", "h2"]) == 0 and st.prefix_match("w2", ["h1", "h2"]) == 1
+    st.commit("d", "w3", ["x1", "x2", "x3"])
+    assert len(st.affinity) == 4
+
+
+def test_engine_queue_and_overflow_count_as_queued_and_raise_the_ttft_estimate() -> None:
+    rc = load_router_catalog(DEFAULT_CATALOG)
+    core = RouterCore(rc, clock=lambda: 1000.0)
+    busy = hb("w1", in_flight=8)
+    busy.load.waiting = 3
+    core.state.on_heartbeat(busy, now=1000.0)
+    core.state.commit("llama-8b-vllm", "w1", [])  # sent since the heartbeat: beyond its 8 slots
+    q = RouteQuery(request_id="r", model="meta-llama/Llama-3.1-8B-Instruct", prompt_tokens=10, max_output_tokens=10)
+    view = core.build_inputs(q).deployments[0]
+    w = view.workers[0]
+    assert (w.in_flight, w.queued) == (9, 3 + 1)
+    assert view.est_ttft_s() == pytest.approx(0.25 * (1 + 9 / 8 + 4))

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+
+import httpx
+import openai
+
+from llmlab_testkit.fixtures import DEV_KEY
+from llmlab_testkit.procs import ManagedProcess, url
+
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+QWEN = "Qwen/Qwen3-32B"
+
+
+def client(gw: ManagedProcess, api_key: str = DEV_KEY) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url(gw) + "/v1", api_key=api_key, max_retries=0)
+
+
+def metric(p: ManagedProcess, name: str, **labels: str) -> float:
+    """Sum of a metric's samples whose labels include ``labels``."""
+    text = httpx.get(url(p) + "/metrics", timeout=5).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not (line.startswith(name + "{") or line.startswith(name + " ")):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[-1])
+    return total
+
+
+def sim_stats(sim: ManagedProcess) -> dict[str, object]:
+    return httpx.get(url(sim) + "/sim/stats", timeout=5).json()
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def stream_chat(
+    base: str, request_id: asyncio.Future[str], api_key: str = DEV_KEY, max_tokens: int = 50
+) -> tuple[int, str, str | None]:
+    """Stream one chat completion of LLAMA; ``request_id`` resolves as soon as headers arrive.
+    Returns (status, text, finish_reason); an in-band error event fails the test."""
+    text, finish = [], None
+    async with (
+        httpx.AsyncClient(timeout=30) as h,
+        h.stream(
+            "POST",
+            base + "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {api_key}"},
+            json={
+                "model": LLAMA,
+                "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": max_tokens,
+                "stream": True,
+            },
+        ) as resp,
+    ):
+        request_id.set_result(resp.headers["x-request-id"])
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            obj = json.loads(line[6:])
+            assert "error" not in obj, obj
+            if obj["choices"]:
+                text.append(obj["choices"][0]["delta"].get("content") or "")
+                finish = obj["choices"][0]["finish_reason"] or finish
+        return resp.status_code, "".join(text), finish

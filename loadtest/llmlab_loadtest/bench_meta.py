@@ -1,0 +1,147 @@
+"""The metadata block every benchmark and experiment writes beside its results (MISSION.md,
+"Rules for every benchmark": the §12 fields; a field that does not apply says why)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import importlib.metadata
+import json
+import logging
+import platform
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+SIMULATED_NOTE = (
+    "All figures come from the engine simulator (fixed TTFT/ITL timing on the CPU), not a GPU: "
+    "they measure the serving stack, not model serving performance."
+)
+
+
+def git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def cpu_model() -> str:
+    model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model}, {psutil.cpu_count(logical=True)} logical cores ({psutil.cpu_count(logical=False)} physical)"
+
+
+def dist_version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+# The §12 fields every benchmark writes (MISSION.md, rules for every benchmark), plus ours.
+METADATA_FIELDS = (
+    "date",
+    "git_commit",
+    "git_dirty",
+    "model_id",
+    "model_revision",
+    "engine",
+    "engine_version",
+    "container_image",
+    "gpu",
+    "gpu_count",
+    "driver",
+    "cuda_or_rocm",
+    "cpu",
+    "ram",
+    "prompt_dataset",
+    "input_length_distribution",
+    "output_length_distribution",
+    "concurrency",
+    "warmup",
+    "duration",
+    "sampling_parameters",
+    "simulated",
+    "command_line",
+)
+
+
+def metadata_block(
+    *,
+    started: dt.datetime,
+    duration_s: float,
+    engine: str,
+    model_id: str,
+    concurrency: Any,
+    warmup: str,
+    prompt_dataset: str,
+    input_length_distribution: str,
+    output_length_distribution: str,
+    sampling_parameters: Any,
+    command: str,
+    simulated: bool = True,
+    **extra: Any,
+) -> dict[str, Any]:
+    dirty = [line for line in git("status", "--porcelain").splitlines() if line.strip()]
+    out: dict[str, Any] = {
+        "date": started.isoformat(timespec="seconds"),
+        "git_commit": git("rev-parse", "HEAD") or "unknown",
+        "git_dirty": bool(dirty),
+        "model_id": model_id,
+        "model_revision": "n/a (simulator: no weights are loaded; the name is only served)" if simulated else "unknown",
+        "engine": engine,
+        "engine_version": f"llmlab-engine-sim {dist_version('llmlab-engine-sim')}" if simulated else "unknown",
+        "container_image": "n/a (processes run on the host from the repository venv)",
+        "gpu": "none (simulated)" if simulated else "unknown",
+        "gpu_count": 0,
+        "driver": "n/a (no GPU)",
+        "cuda_or_rocm": "n/a (no GPU)",
+        "cpu": cpu_model(),
+        "ram": f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
+        "prompt_dataset": prompt_dataset,
+        "input_length_distribution": input_length_distribution,
+        "output_length_distribution": output_length_distribution,
+        "concurrency": concurrency,
+        "warmup": warmup,
+        "duration": f"{duration_s:.0f} s",
+        "sampling_parameters": sampling_parameters,
+        "simulated": simulated,
+        "python": platform.python_version(),
+        "command_line": command,
+    }
+    if simulated:
+        out["simulated_note"] = SIMULATED_NOTE
+    out.update(extra)
+    return out
+
+
+def write_outputs(
+    doc: dict[str, Any],
+    out_dir: Path,
+    started: dt.datetime,
+    prefix: str,
+    markdown: Callable[[dict[str, Any]], str],
+    plot: Callable[[dict[str, Any], Path], None],
+) -> dict[str, Path]:
+    """``<out_dir>/<prefix>-<UTC>.{json,md,png}``; a failed plot leaves the JSON and Markdown."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ts = started.strftime("%Y%m%dT%H%M%SZ")
+    paths = {ext: out_dir / f"{prefix}-{ts}.{ext}" for ext in ("json", "md", "png")}
+    paths["json"].write_text(json.dumps(doc, indent=1))
+    paths["md"].write_text(markdown(doc))
+    try:
+        plot(doc, paths["png"])
+    except Exception:
+        log.exception("plot failed (the JSON and Markdown are written)")
+        paths.pop("png")
+    return paths

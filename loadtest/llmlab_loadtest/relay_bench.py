@@ -1,0 +1,1543 @@
+"""Relay benchmark: what the stack (gateway -> NATS JetStream -> worker) adds over calling the
+engine directly.
+
+    python loadtest/relay_bench.py                      # levels 1,100,1000, 2 repeats (~5 min)
+    python loadtest/relay_bench.py --quick              # levels 1,100, 1 repeat, 64 tokens (~1 min)
+    python loadtest/relay_bench.py --levels 1000 --repeats 3
+
+One engine simulator (vLLM flavour, TTFT 100 ms, ITL 50 ms, 256 output tokens) serves both paths:
+the stack's worker points at it, and the "direct" runs hit it directly. For each concurrency level
+a warm-up run per mode comes first (reported apart), then measured runs interleave direct, stack,
+direct, stack ... The load client is ``loadtest/sse_client.py`` in its own process. While a run
+goes, psutil samples CPU seconds and RSS of the simulator, worker, gateway, nats-server and client.
+
+Writes ``results/relay-<UTC ts>.{json,md,png}`` and ``results/relay-latest.json``. The targets
+(added TTFT p50 <= 5 ms and p99 <= 25 ms, >= 95 % of direct tokens/s at 1,000 streams) are
+benchmark figures, not a test: MISS does not fail the command (exit status 0 unless the
+benchmark itself broke).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import itertools
+import json
+import logging
+import os
+import platform
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+import psutil
+from llmlab_common.messages import HEARTBEAT_MISSES
+from llmlab_testkit.procs import ManagedProcess, Stack, unique_namespace, url
+
+from llmlab_loadtest.bench_meta import cpu_model, dist_version, git
+from llmlab_loadtest.sse_client import percentile, raise_nofile_limit
+
+log = logging.getLogger("relay_bench")
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+API_KEY = "sk-llmlab-dev"
+POOL = "gpu-vllm"
+MODES = ("direct", "stack")
+SERVICES = ("simulator", "worker", "gateway", "nats-server")
+SATURATED_CORE = 0.85  # a single-threaded event loop at >= this share of one core is the bottleneck
+
+# Targets (benchmark figures, compared and printed; never asserted).
+TARGET_ADDED_TTFT_P50_MS = 5.0
+TARGET_ADDED_TTFT_P99_MS = 25.0
+TARGET_TOKENS_RATIO = 0.95
+TARGET_TOKENS_LEVEL = 1000
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class BenchConfig:
+    levels: list[int]
+    repeats: int
+    tokens: int
+    warmup_tokens: int
+    ttft_ms: float = 100.0
+    itl_ms: float = 50.0
+    max_num_seqs: int = 1100
+    worker_max_concurrency: int = 1100
+    worker_heartbeat_s: float = 1.0
+    queue_timeout_s: float = 60.0
+    sample_interval_s: float = 0.5
+    settle_s: float = 1.0
+    client_timeout_s: float = 300.0
+    ramp_s: float = 0.0
+    min_requests: int = 1
+    # Shared box: before each run wait up to quiet_wait_s for other processes to use < quiet_cores.
+    quiet_wait_s: float = 60.0
+    quiet_cores: float = 0.25
+    out_dir: Path = Path("results")
+    keep_raw: bool = False
+    quick: bool = False
+    nats_url: str = os.environ.get("LLMLAB_NATS_URL", "nats://127.0.0.1:4222")
+    render: Path | None = None  # --render: only rewrite the reports of this saved run
+
+
+def rerender(path: Path) -> dict[str, Path]:
+    """Re-derive targets and analysis of a saved run with this code and rewrite its reports."""
+    doc = json.loads(path.read_text())
+    comps = doc["summary"]["levels"]
+    hb = float((doc["metadata"].get("worker") or {}).get("heartbeat_interval_s", 1.0))
+    cores = int(str(doc["metadata"].get("cpu", "")).split(", ")[-1].split(" ")[0] or 0) or (psutil.cpu_count() or 2)
+    doc["summary"]["targets"] = evaluate_targets(comps)
+    doc["summary"]["analysis"] = analyse(comps, cores, hb)
+    path.write_text(json.dumps(doc, indent=1))
+    md, png = path.with_suffix(".md"), path.with_suffix(".png")
+    md.write_text(render_markdown(doc))
+    render_plot(doc, png)
+    paths = {"json": path, "md": md, "png": png}
+    latest = path.parent / "relay-latest.json"
+    if latest.exists() and json.loads(latest.read_text()).get("metadata", {}).get("date") == doc["metadata"]["date"]:
+        shutil.copyfile(path, latest)
+        paths["latest"] = latest
+    return paths
+
+
+def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--levels", help="comma-separated concurrency levels (default 1,100,1000; --quick 1,100)")
+    p.add_argument("--repeats", type=int, help="measured runs per mode and level (default 2; --quick 1)")
+    p.add_argument("--tokens", type=int, help="max_tokens = simulator --output-len (default 256; --quick 64)")
+    p.add_argument("--warmup-tokens", type=int, help="tokens per request of the warm-up runs (default 32)")
+    p.add_argument("--quick", action="store_true", help="levels 1,100; 1 repeat; 64 tokens (about a minute)")
+    p.add_argument("--ttft-ms", type=float, default=100.0)
+    p.add_argument("--itl-ms", type=float, default=50.0)
+    p.add_argument("--out-dir", type=Path, default=Path("results"))
+    p.add_argument("--keep-raw", action="store_true", help="keep every run's per-request client JSON")
+    p.add_argument(
+        "--worker-heartbeat-s",
+        type=float,
+        default=1.0,
+        help="worker heartbeat interval (production default 1 s; the gateway drops a worker after 3 misses)",
+    )
+    p.add_argument(
+        "--min-requests",
+        type=int,
+        default=1,
+        help="each run sends at least this many requests: streams send ceil(N / level) requests one "
+        "after another (default 1: one request per stream, so level 1 has one TTFT sample per run)",
+    )
+    p.add_argument(
+        "--ramp-s",
+        type=float,
+        default=0.0,
+        help="spread each run's stream starts over this many seconds (default 0: all at once)",
+    )
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        help="before each run, wait up to this long (s) for other processes on the box to go quiet "
+        "(default 60; --quick 0)",
+    )
+    p.add_argument("--quiet-cores", type=float, default=0.25, help="'quiet' = other processes use less than this")
+    p.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="only re-derive targets/analysis and rewrite the .md/.png (and JSON) of a saved run",
+    )
+    p.add_argument("--log-level", default="INFO")
+    a = p.parse_args(argv)
+    logging.basicConfig(
+        level=a.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s relay_bench %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for noisy in ("httpx", "httpcore", "matplotlib", "llmlab_common.natsio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if noisy != "llmlab_common.natsio" else logging.ERROR)
+    levels = [int(x) for x in (a.levels or ("1,100" if a.quick else "1,100,1000")).split(",") if x.strip()]
+    if not levels or min(levels) < 1:
+        p.error("--levels needs positive integers")
+    repeats = a.repeats if a.repeats is not None else (1 if a.quick else 2)
+    tokens = a.tokens if a.tokens is not None else (64 if a.quick else 256)
+    warmup_tokens = a.warmup_tokens if a.warmup_tokens is not None else min(32 if not a.quick else 16, tokens)
+    if repeats < 1 or tokens < 2 or warmup_tokens < 1:
+        p.error("--repeats >= 1, --tokens >= 2 and --warmup-tokens >= 1")
+    seqs = max(1100, max(levels))
+    return BenchConfig(
+        render=a.render,
+        levels=levels,
+        repeats=repeats,
+        tokens=tokens,
+        warmup_tokens=warmup_tokens,
+        ttft_ms=a.ttft_ms,
+        itl_ms=a.itl_ms,
+        max_num_seqs=seqs,
+        worker_max_concurrency=seqs,
+        out_dir=a.out_dir,
+        keep_raw=a.keep_raw,
+        quick=a.quick,
+        ramp_s=a.ramp_s,
+        min_requests=max(1, a.min_requests),
+        quiet_wait_s=a.quiet_wait if a.quiet_wait is not None else (0.0 if a.quick else 60.0),
+        quiet_cores=a.quiet_cores,
+        worker_heartbeat_s=a.worker_heartbeat_s,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Process sampling
+# ---------------------------------------------------------------------------------------------
+def _cpu(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return float(t.user + t.system)
+
+
+def _system_busy() -> tuple[float, float]:
+    """(busy CPU seconds of the whole machine, all CPU seconds) since boot."""
+    t = psutil.cpu_times()
+    idle = t.idle + getattr(t, "iowait", 0.0)
+    total = sum(t)
+    return total - idle, total
+
+
+@dataclass
+class ProcStats:
+    cpu_s: float = 0.0
+    cpu_util_mean: float = 0.0  # cores, over the sampled window
+    cpu_util_peak: float = 0.0  # highest single sample interval
+    rss_peak_mb: float = 0.0
+    samples: list[float] = field(default_factory=list)  # cores per interval
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cpu_s": round(self.cpu_s, 3),
+            "cpu_util_mean": round(self.cpu_util_mean, 3),
+            "cpu_util_peak": round(self.cpu_util_peak, 3),
+            "rss_peak_mb": round(self.rss_peak_mb, 1),
+            "samples": [round(x, 3) for x in self.samples],
+        }
+
+
+class Sampler:
+    """CPU seconds and RSS of named processes between ``start`` and ``stop``, sampled on ``tick``."""
+
+    def __init__(self, procs: dict[str, psutil.Process]) -> None:
+        self.procs = dict(procs)
+        self.stats: dict[str, ProcStats] = {}
+        self._last: dict[str, float] = {}
+        self._first: dict[str, float] = {}
+        self._t_last = 0.0
+        self.t0 = 0.0
+        self._sys0 = (0.0, 0.0)
+        self.system: dict[str, float] = {}
+        self.startup_heavy = {"client"}  # processes whose first sample is their start-up, not the load
+
+    def add(self, name: str, proc: psutil.Process) -> None:
+        self.procs[name] = proc
+        with contextlib.suppress(psutil.Error):
+            c = _cpu(proc)
+            self._first[name] = self._last[name] = c
+            self.stats.setdefault(name, ProcStats())
+
+    def start(self) -> None:
+        self.t0 = self._t_last = time.monotonic()
+        self._sys0 = _system_busy()
+        for name, p in self.procs.items():
+            self.stats[name] = ProcStats()
+            with contextlib.suppress(psutil.Error):
+                self._first[name] = self._last[name] = _cpu(p)
+                self.stats[name].rss_peak_mb = p.memory_info().rss / 2**20
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        dt_s = max(1e-6, now - self._t_last)
+        self._t_last = now
+        for name, p in self.procs.items():
+            st = self.stats.setdefault(name, ProcStats())
+            try:
+                c = _cpu(p)
+                rss = p.memory_info().rss / 2**20
+            except psutil.Error:
+                continue  # exited (the client at the end of its run)
+            if name not in self._first:
+                self._first[name] = self._last[name] = c
+            util = (c - self._last[name]) / dt_s
+            self._last[name] = c
+            st.samples.append(util)
+            if not (name in self.startup_heavy and len(st.samples) == 1):  # interpreter start-up, imports
+                st.cpu_util_peak = max(st.cpu_util_peak, util)
+            st.rss_peak_mb = max(st.rss_peak_mb, rss)
+            st.cpu_s = c - self._first[name]
+
+    def stop(self) -> float:
+        self.tick()
+        wall = max(1e-6, time.monotonic() - self.t0)
+        for st in self.stats.values():
+            st.cpu_util_mean = st.cpu_s / wall
+        busy1, total1 = _system_busy()
+        ncpu = psutil.cpu_count() or 1
+        busy = busy1 - self._sys0[0]
+        self.system = {
+            "wall_s": round(wall, 3),
+            "busy_cpu_s": round(busy, 3),
+            "busy_cores_mean": round(busy / wall, 3),
+            "cores": ncpu,
+            "util_of_machine": round((busy1 - self._sys0[0]) / max(1e-6, total1 - self._sys0[1]), 3),
+        }
+        return wall
+
+
+def other_load(ours: Sequence[psutil.Process], seconds: float) -> float:
+    """Cores used over ``seconds`` by every process except ``ours`` (and this one)."""
+    mine = [*ours, psutil.Process()]
+
+    def snap() -> tuple[float, float]:
+        cpu = 0.0
+        for p in mine:
+            with contextlib.suppress(psutil.Error):
+                cpu += _cpu(p)
+        return _system_busy()[0], cpu
+
+    t0, (b0, c0) = time.monotonic(), snap()
+    time.sleep(seconds)
+    b1, c1 = snap()
+    return max(0.0, (b1 - b0) - (c1 - c0)) / max(1e-6, time.monotonic() - t0)
+
+
+def find_nats_server(nats_url: str) -> psutil.Process | None:
+    """The nats-server process that listens on ``nats_url``'s port (several may run on a shared box)."""
+    port = int(nats_url.rsplit(":", 1)[-1].split("/")[0]) if ":" in nats_url.split("//", 1)[-1] else 4222
+    candidates = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        if "nats-server" not in (p.info.get("name") or "") and not any(
+            "nats-server" in part for part in (p.info.get("cmdline") or [])[:1]
+        ):
+            continue
+        candidates.append(p)
+        with contextlib.suppress(psutil.Error):
+            for c in p.net_connections(kind="tcp"):
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
+                    return p
+    for p in candidates:
+        cmd = " ".join(p.info.get("cmdline") or [])
+        if f"-p {port}" in cmd or f"--port {port}" in cmd or f":{port}" in cmd:
+            return p
+    return candidates[0] if len(candidates) == 1 else None
+
+
+class Monitor:
+    """Liveness evidence, in a background thread with its own event loop: when each worker
+    heartbeat arrives on NATS (the gateway declares a worker lost after 3 missed intervals), and
+    how long each service takes to answer ``GET /health`` (a direct read of its event-loop lag)."""
+
+    def __init__(self, nats_url: str, namespace: str, health_urls: dict[str, str], every_s: float = 0.5) -> None:
+        self.nats_url = nats_url
+        self.namespace = namespace
+        self.health_urls = health_urls
+        self.every_s = every_s
+        self.heartbeats: list[tuple[float, int]] = []  # (monotonic arrival, worker in_flight)
+        self.health: list[tuple[float, str, float]] = []  # (monotonic sent, service, ms; inf = failed)
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._thread_main, name="relay-bench-monitor", daemon=True)
+        self.error: str | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait(10)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.warning("liveness monitor stopped: %s", self.error)
+        finally:
+            self._ready.set()
+
+    async def _main(self) -> None:
+        from llmlab_common.natsio import connect
+        from llmlab_common.subjects import Topology
+
+        nc = await connect(self.nats_url, "relay-bench-monitor")
+
+        async def on_heartbeat(msg: Any) -> None:
+            in_flight = -1
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                in_flight = int(json.loads(msg.data).get("in_flight", -1))
+            self.heartbeats.append((time.monotonic(), in_flight))
+
+        await nc.subscribe(Topology(self.namespace).heartbeat_wildcard, cb=on_heartbeat)
+        self._ready.set()
+        try:
+            async with httpx.AsyncClient() as h:
+                while not self._stop.is_set():
+                    await asyncio.gather(*(self._probe(h, n, u) for n, u in self.health_urls.items()))
+                    await asyncio.sleep(self.every_s)
+        finally:
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+    async def _probe(self, h: httpx.AsyncClient, name: str, base: str) -> None:
+        t = time.monotonic()
+        try:
+            await h.get(base + "/health", timeout=15)
+            self.health.append((t, name, (time.monotonic() - t) * 1000.0))
+        except httpx.HTTPError:
+            self.health.append((t, name, float("inf")))
+
+    def window(self, t0: float, t1: float) -> dict[str, Any]:
+        """Heartbeat gaps and /health latency between monotonic t0 and t1."""
+        beats = [t for t, _ in self.heartbeats if t <= t1]
+        before = [t for t in beats if t < t0]
+        inside = [t for t in beats if t >= t0]
+        points = ([before[-1]] if before else [t0]) + inside + [t1]
+        gaps = [b - a for a, b in itertools.pairwise(points)]
+        out: dict[str, Any] = {"heartbeats": len(inside), "heartbeat_gap_max_s": round(max(gaps), 3) if gaps else None}
+        for name in self.health_urls:
+            lat = [ms for t, n, ms in self.health if n == name and t0 <= t <= t1]
+            finite = [x for x in lat if x != float("inf")]
+            out[f"{name}_health_ms_max"] = round(max(finite), 1) if finite else None
+            out[f"{name}_health_ms_p50"] = _r(percentile(finite, 50), 1) if finite else None
+            out[f"{name}_health_failed"] = len(lat) - len(finite)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    level: int
+    mode: str
+    repeat: int  # 0 = warm-up
+    tokens: int
+    requests_per_stream: int = 1
+    started_at: str = ""
+    wall_s: float = 0.0
+    client_rc: int | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    processes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    system: dict[str, Any] = field(default_factory=dict)
+    log_warnings: dict[str, list[str]] = field(default_factory=dict)
+    liveness: dict[str, Any] = field(default_factory=dict)
+    breakdown: dict[str, float | None] = field(default_factory=dict)
+    engine_tokens: int | None = None  # tokens the simulator generated during the run (its /sim/stats)
+    error: str | None = None
+    raw_path: str | None = None
+
+    @property
+    def warmup(self) -> bool:
+        return self.repeat == 0
+
+    def metric(self, name: str) -> float | None:
+        s = self.summary
+        try:
+            value = {
+                "ttft_p50_ms": lambda: s["ttft_ms"]["p50"],
+                "ttft_p99_ms": lambda: s["ttft_ms"]["p99"],
+                "itl_p99_ms": lambda: s["itl_ms"]["p99"],
+                "tpot_p50_ms": lambda: s["tpot_ms"]["p50"],
+                "e2e_p50_ms": lambda: s["e2e_ms"]["p50"],
+                "tokens_per_s": lambda: s["output_tokens_per_s"],
+                "tokens_per_chunk": lambda: s["tokens_per_chunk"],
+                "ok": lambda: s["requests"]["ok"],
+                "failed": lambda: s["requests"]["failed"],
+            }[name]()
+        except (KeyError, TypeError):
+            return None
+        return None if value is None else float(value)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "level": self.level,
+            "mode": self.mode,
+            "repeat": self.repeat,
+            "warmup": self.warmup,
+            "tokens": self.tokens,
+            "requests_per_stream": self.requests_per_stream,
+            "started_at": self.started_at,
+            "wall_s": round(self.wall_s, 3),
+            "client_rc": self.client_rc,
+            "error": self.error,
+            "ttft_p50_ms": self.metric("ttft_p50_ms"),
+            "ttft_p99_ms": self.metric("ttft_p99_ms"),
+            "itl_p99_ms": self.metric("itl_p99_ms"),
+            "tokens_per_s": self.metric("tokens_per_s"),
+            "requests_ok": self.metric("ok"),
+            "requests_failed": self.metric("failed"),
+            "processes": self.processes,
+            "system": self.system,
+            "client_summary": self.summary,
+            "engine_tokens": self.engine_tokens,
+            "liveness": self.liveness,
+            "ttft_breakdown_ms": self.breakdown,
+            "log_warnings": self.log_warnings,
+            "raw_path": self.raw_path,
+        }
+
+
+# Histograms the services export, whose means split the stack's TTFT into its legs.
+BREAKDOWN_METRICS = {
+    "gateway": {"gateway_accept_to_first_token_ms": "llmlab_gateway_ttft_seconds"},
+    "worker": {
+        "nats_queue_ms": "llmlab_worker_nats_queue_seconds",
+        "engine_ttft_seen_by_worker_ms": "llmlab_worker_ttft_seconds",
+    },
+}
+
+
+def scrape_histograms(base: str, names: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """``{name: (sum, count)}`` of Prometheus histograms at ``base``/metrics (all label sets added)."""
+    out: dict[str, tuple[float, float]] = {}
+    try:
+        text = httpx.get(base + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return out
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        for n in names:
+            for suffix, idx in (("_sum", 0), ("_count", 1)):
+                if line.startswith(n + suffix + "{") or line.startswith(n + suffix + " "):
+                    acc = list(out.get(n, (0.0, 0.0)))
+                    with contextlib.suppress(ValueError):
+                        acc[idx] += float(line.rsplit(" ", 1)[-1])
+                    out[n] = (acc[0], acc[1])
+    return out
+
+
+def histogram_means_ms(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], names: dict[str, str]
+) -> dict[str, float | None]:
+    """Mean (ms) of each histogram over the observations made between two scrapes."""
+    out: dict[str, float | None] = {}
+    for label, metric in names.items():
+        s0, c0 = before.get(metric, (0.0, 0.0))
+        s1, c1 = after.get(metric, (0.0, 0.0))
+        out[label] = round((s1 - s0) / (c1 - c0) * 1000.0, 2) if c1 > c0 else None
+    return out
+
+
+def _is_warning(line: str) -> bool:
+    """A service log line at WARNING or above (JSON logs: ``"level": "warning"``; or plain text)."""
+    low = line.lower()
+    return (
+        any(f'"level": "{lv}"' in low or f'"level":"{lv}"' in low for lv in ("warning", "error", "critical"))
+        or "traceback" in low
+        or " warning " in low
+        or " error " in low
+    )
+
+
+class BenchStack(Stack):
+    """The testkit's Stack with the services' logs at WARNING (INFO per request costs CPU)."""
+
+    def base_env(self) -> dict[str, str]:
+        return {**super().base_env(), "LLMLAB_LOG_LEVEL": "WARNING"}
+
+
+class Bench:
+    def __init__(self, cfg: BenchConfig) -> None:
+        self.cfg = cfg
+        self.stack = BenchStack(namespace=unique_namespace(), nats_url=cfg.nats_url)
+        self.sim: ManagedProcess | None = None
+        self.worker: ManagedProcess | None = None
+        self.gateway: ManagedProcess | None = None
+        self.services: dict[str, psutil.Process] = {}
+        self.client: subprocess.Popen[bytes] | None = None
+        self.runs: list[Run] = []
+        self.tmp = Path(tempfile.mkdtemp(prefix="relay-bench-"))
+        self.t_start = time.monotonic()
+        self._log_offsets: dict[str, int] = {}
+        self.prompt_tokens: set[int] = set()
+        self.other_before = 0.0
+        self.monitor: Monitor | None = None
+        # The code under test is what is checked out when the services start (others may commit meanwhile).
+        self.git_commit = git("rev-parse", "HEAD") or "unknown"
+        self.git_dirty_files = [ln for ln in git("status", "--porcelain").splitlines() if ln.strip()]
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        c = self.cfg
+        log.info("namespace %s; starting simulator, worker, gateway", self.stack.namespace)
+        self.sim = self.stack.sim(
+            "vllm", MODEL, ttft_ms=c.ttft_ms, itl_ms=c.itl_ms, max_num_seqs=c.max_num_seqs, output_len=c.tokens
+        )
+        self.worker = self.stack.worker(
+            "vllm", POOL, url(self.sim), max_concurrency=c.worker_max_concurrency, heartbeat_s=c.worker_heartbeat_s
+        )
+        self.gateway = self.stack.gateway(queue_timeout_s=c.queue_timeout_s)
+        self._wait_gateway_sees_worker()
+        self.services = {
+            "simulator": psutil.Process(self.sim.pid),
+            "worker": psutil.Process(self.worker.pid),
+            "gateway": psutil.Process(self.gateway.pid),
+        }
+        nats = find_nats_server(c.nats_url)
+        if nats is None:
+            log.warning("nats-server process not found (remote or not visible): its CPU is not measured")
+        else:
+            self.services["nats-server"] = nats
+        log.info(
+            "stack up: sim %s, worker %s, gateway %s, nats-server pid %s",
+            url(self.sim),
+            url(self.worker),
+            url(self.gateway),
+            nats.pid if nats else "n/a",
+        )
+        self.monitor = Monitor(
+            c.nats_url,
+            self.stack.namespace,
+            {"worker": url(self.worker), "gateway": url(self.gateway), "simulator": url(self.sim)},
+        )
+        self.monitor.start()
+
+    def _wait_gateway_sees_worker(self, timeout: float = 15.0) -> None:
+        assert self.gateway is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                text = httpx.get(url(self.gateway) + "/metrics", timeout=2).text
+                for line in text.splitlines():
+                    if (
+                        line.startswith("llmlab_gateway_live_workers{")
+                        and f'pool="{POOL}"' in line
+                        and float(line.rsplit(" ", 1)[-1]) >= 1
+                    ):
+                        return
+            time.sleep(0.2)
+        raise TimeoutError("the gateway never saw the worker's heartbeat")
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
+        if self.client is not None and self.client.poll() is None:
+            self.client.kill()
+            self.client.wait(10)
+        failed = [p for p in self.stack.procs if p.proc is not None and p.proc.poll() not in (None, 0, -15)]
+        for p in failed:
+            log.error("%s exited %s; log tail:\n%s", p.name, p.proc.returncode if p.proc else "?", p.tail())
+        self.stack.close()
+        try:
+            from llmlab_testkit.fixtures import _cleanup
+
+            asyncio.run(_cleanup(self.stack.namespace, self.stack.nats_url, self.stack.redis_url))
+            log.info("namespace %s: processes stopped, streams deleted", self.stack.namespace)
+        except Exception:
+            log.exception("could not delete the streams of namespace %s", self.stack.namespace)
+        if not self.cfg.keep_raw:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # -- one run ---------------------------------------------------------------------------------
+    def target_url(self, mode: str) -> str:
+        assert self.sim is not None and self.gateway is not None
+        return (url(self.sim) if mode == "direct" else url(self.gateway)) + "/v1/chat/completions"
+
+    def wait_quiet(self) -> float:
+        """On a shared box, wait (up to ``quiet_wait_s``) until processes other than ours use less
+        than ``quiet_cores`` cores; returns the other load last seen (cores)."""
+        c = self.cfg
+        if c.quiet_wait_s <= 0:
+            return other_load(list(self.services.values()), 0.3)
+        deadline = time.monotonic() + c.quiet_wait_s
+        waited = False
+        while True:
+            other = other_load(list(self.services.values()), 1.0)
+            if other < c.quiet_cores or time.monotonic() >= deadline:
+                break
+            if not waited:
+                log.info(
+                    "other processes use %.2f cores; waiting up to %.0fs for the box to quiet down",
+                    other,
+                    c.quiet_wait_s,
+                )
+                waited = True
+        if other >= c.quiet_cores and c.quiet_wait_s > 0:
+            log.warning("the box is still busy (other processes use %.2f cores): this run's figures are noisy", other)
+        return other
+
+    def wait_idle(self, timeout: float = 60.0) -> None:
+        """Until the simulator runs nothing (the previous run's aborts/finishes have landed)."""
+        assert self.sim is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                s = httpx.get(url(self.sim) + "/sim/stats", timeout=2).json()
+                if not (s.get("running") or s.get("waiting") or s.get("pending")):
+                    break
+            time.sleep(0.2)
+        else:
+            log.warning("simulator still busy after %.0fs; starting the next run anyway", timeout)
+        time.sleep(self.cfg.settle_s)
+        self.other_before = self.wait_quiet()
+
+    def run_once(self, level: int, mode: str, repeat: int) -> Run:
+        c = self.cfg
+        tokens = c.warmup_tokens if repeat == 0 else c.tokens
+        per_stream = 1 if repeat == 0 else -(-c.min_requests // level)  # ceil
+        run = Run(level=level, mode=mode, repeat=repeat, tokens=tokens, requests_per_stream=per_stream)
+        self.wait_idle()
+        out = self.tmp / f"run-{level}-{mode}-{repeat}.json"
+        cmd = [
+            sys.executable,
+            "-m",
+            "llmlab_loadtest.sse_client",
+            "--url",
+            self.target_url(mode),
+            "--model",
+            MODEL,
+            "--api-key",
+            API_KEY,
+            "--concurrency",
+            str(level),
+            "--requests-per-stream",
+            str(per_stream),
+            "--max-tokens",
+            str(tokens),
+            "--timeout",
+            str(c.client_timeout_s),
+            "--read-timeout",
+            "90",
+            "--out",
+            str(out),
+            "--log-level",
+            "WARNING",
+            "--label",
+            f"{mode}-{level}-{repeat}",
+            "--ramp",
+            str(c.ramp_s),
+        ]
+        if not c.keep_raw:
+            cmd.append("--summary-only")
+        what = "warm-up" if repeat == 0 else f"repeat {repeat}/{c.repeats}"
+        log.info(
+            "level %d, %s, %s: %d streams x %d request(s) x %d tokens (bench elapsed %.0fs)",
+            level,
+            mode,
+            what,
+            level,
+            per_stream,
+            tokens,
+            time.monotonic() - self.t_start,
+        )
+        log_marks = self._log_marks()
+        scraped = self._scrape() if mode == "stack" else {}
+        generated0 = self._sim_generated()
+        sampler = Sampler(self.services)
+        sampler.start()
+        run.started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        self.client = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        with contextlib.suppress(psutil.Error):
+            sampler.add("client", psutil.Process(self.client.pid))
+        deadline = time.monotonic() + c.client_timeout_s + 60
+        next_report = time.monotonic() + 5.0
+        while self.client.poll() is None:
+            time.sleep(c.sample_interval_s)
+            sampler.tick()
+            now = time.monotonic()
+            if now >= next_report:
+                next_report = now + 5.0
+                util = ", ".join(f"{n} {st.samples[-1]:.2f}" for n, st in sampler.stats.items() if st.samples)
+                log.info("  level %d %s %s: %.0fs elapsed; cores now: %s", level, mode, what, now - sampler.t0, util)
+            if now > deadline:
+                log.error("client overran its own timeouts; killing it")
+                self.client.kill()
+        run.wall_s = sampler.stop()
+        if self.monitor is not None:
+            run.liveness = self.monitor.window(sampler.t0, time.monotonic())
+        run.client_rc = self.client.returncode
+        stderr = (self.client.stderr.read() if self.client.stderr else b"").decode(errors="replace")
+        self.client = None
+        run.system = sampler.system
+        run.processes = {n: st.to_json() for n, st in sampler.stats.items()}
+        if out.exists():
+            data = json.loads(out.read_text())
+            run.summary = data["summary"]
+            if c.keep_raw:
+                run.raw_path = str(out)
+            client = run.summary.get("client") or {}
+            if "client" in run.processes and client.get("cpu_total_s") is not None:
+                # The client reports its own CPU (getrusage): exact, where sampling misses its last moments.
+                run.processes["client"]["cpu_s_self_reported"] = client["cpu_total_s"]
+                run.processes["client"]["cpu_util_window"] = client.get("cpu_util")
+                run.processes["client"]["rss_peak_mb"] = max(
+                    run.processes["client"]["rss_peak_mb"], client.get("max_rss_mb") or 0.0
+                )
+            prompt = run.summary.get("prompt_tokens") or {}
+            self.prompt_tokens.update(int(v) for v in prompt.values() if v is not None)
+        else:
+            run.error = f"client wrote no results (rc {run.client_rc}): {stderr[-1500:]}"
+            log.error("%s", run.error)
+        ours = sum((st.get("cpu_s_self_reported") or st["cpu_s"]) for st in run.processes.values())
+        run.system["ours_cpu_s"] = round(ours, 3)
+        run.system["other_cpu_s"] = round(max(0.0, run.system["busy_cpu_s"] - ours), 3)
+        run.system["other_cores_before_run"] = round(self.other_before, 3)
+        run.log_warnings = self._log_news(log_marks)
+        generated1 = self._sim_generated()
+        if generated0 is not None and generated1 is not None:
+            run.engine_tokens = generated1 - generated0
+        if mode == "stack":
+            after = self._scrape()
+            for svc, names in BREAKDOWN_METRICS.items():
+                run.breakdown.update(histogram_means_ms(scraped.get(svc, {}), after.get(svc, {}), names))
+        self._log_run(run)
+        self.runs.append(run)
+        return run
+
+    def _log_run(self, run: Run) -> None:
+        s = run.summary
+        if not s:
+            return
+        req = s["requests"]
+        cpu = ", ".join(f"{n} {p['cpu_util_mean']:.2f}" for n, p in run.processes.items())
+        log.info(
+            "  -> ok %d/%d, TTFT p50 %s ms p99 %s ms, ITL p99 %s ms, %s tok/s; mean cores: %s; other load "
+            "on the box %.2f cores",
+            req["ok"],
+            req["total"],
+            s["ttft_ms"]["p50"],
+            s["ttft_ms"]["p99"],
+            s["itl_ms"]["p99"],
+            s["output_tokens_per_s"],
+            cpu,
+            run.system.get("other_cpu_s", 0.0) / max(1e-6, run.wall_s),
+        )
+        if req["failed"]:
+            log.warning("  -> %d failed: %s %s", req["failed"], s["errors"], s.get("error_samples"))
+        for name, lines in run.log_warnings.items():
+            log.warning("  -> %s logged warnings/errors, e.g. %s", name, lines[0])
+
+    def _sim_generated(self) -> int | None:
+        assert self.sim is not None
+        try:
+            return int(httpx.get(url(self.sim) + "/sim/stats", timeout=5).json()["generation_tokens"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None
+
+    def _scrape(self) -> dict[str, dict[str, tuple[float, float]]]:
+        assert self.gateway is not None and self.worker is not None
+        return {
+            "gateway": scrape_histograms(url(self.gateway), list(BREAKDOWN_METRICS["gateway"].values())),
+            "worker": scrape_histograms(url(self.worker), list(BREAKDOWN_METRICS["worker"].values())),
+        }
+
+    def _log_marks(self) -> dict[str, int]:
+        marks = {}
+        for p in self.stack.procs:
+            with contextlib.suppress(OSError):
+                marks[p.name] = p.log_path.stat().st_size
+        return marks
+
+    def _log_news(self, marks: dict[str, int]) -> dict[str, list[str]]:
+        """Warning/error lines each service logged during the run (up to 20 each)."""
+        out: dict[str, list[str]] = {}
+        for p in self.stack.procs:
+            try:
+                with p.log_path.open("rb") as f:
+                    f.seek(marks.get(p.name, 0))
+                    new = f.read(4 << 20).decode(errors="replace")
+            except OSError:
+                continue
+            lines = [ln[:400] for ln in new.splitlines() if _is_warning(ln)]
+            if lines:
+                out[p.name] = lines[:20] + ([f"... {len(lines) - 20} more"] if len(lines) > 20 else [])
+        return out
+
+    # -- the whole benchmark --------------------------------------------------------------------
+    def run_all(self) -> None:
+        for level in self.cfg.levels:
+            for mode in MODES:
+                self.run_once(level, mode, 0)
+            for r in range(1, self.cfg.repeats + 1):
+                for mode in MODES:
+                    self.run_once(level, mode, r)
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary, targets, analysis (pure: unit-tested)
+# ---------------------------------------------------------------------------------------------
+def _mean(xs: Sequence[float]) -> float | None:
+    return statistics.fmean(xs) if xs else None
+
+
+def _r(x: float | None, nd: int = 2) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def compare_level(runs: Sequence[Run], level: int) -> dict[str, Any]:
+    """Stack vs direct at one level over the measured (non-warm-up) runs. Repeats pair up in
+    order (direct #i with stack #i: they ran back to back); ``spread`` is max - min over pairs."""
+    meas = [r for r in runs if r.level == level and not r.warmup]
+    direct = sorted((r for r in meas if r.mode == "direct"), key=lambda r: r.repeat)
+    stack = sorted((r for r in meas if r.mode == "stack"), key=lambda r: r.repeat)
+    out: dict[str, Any] = {"level": level, "repeats": min(len(direct), len(stack))}
+    for mode, rs in (("direct", direct), ("stack", stack)):
+        out[mode] = {}
+        for m in (
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+            "itl_p99_ms",
+            "tpot_p50_ms",
+            "tokens_per_s",
+            "tokens_per_chunk",
+            "ok",
+            "failed",
+        ):
+            vals = [v for r in rs if (v := r.metric(m)) is not None]
+            out[mode][m] = {"mean": _r(_mean(vals), 3), "runs": vals}
+        out[mode]["requests"] = sum(r.level * r.requests_per_stream for r in rs)
+    pairs = list(zip(direct, stack, strict=False))
+
+    def paired(metric: str, op: str) -> dict[str, Any]:
+        vals: list[float] = []
+        for d, s in pairs:
+            dv, sv = d.metric(metric), s.metric(metric)
+            if dv is None or sv is None:
+                continue
+            if op == "diff":
+                vals.append(sv - dv)
+            elif dv > 0:
+                vals.append(sv / dv)
+        return {
+            "mean": _r(_mean(vals), 4),
+            "runs": [round(v, 4) for v in vals],
+            "spread": round(max(vals) - min(vals), 4) if len(vals) > 1 else None,
+        }
+
+    out["added_ttft_p50_ms"] = paired("ttft_p50_ms", "diff")
+    out["added_ttft_p99_ms"] = paired("ttft_p99_ms", "diff")
+    out["itl_p99_ratio"] = paired("itl_p99_ms", "ratio")
+    out["tokens_per_s_ratio"] = paired("tokens_per_s", "ratio")
+    out["cpu_cores_mean"] = {mode: _cpu_means([r for r in meas if r.mode == mode]) for mode in MODES}
+    out["cpu_us_per_token"] = {mode: _cpu_per_token([r for r in meas if r.mode == mode]) for mode in MODES}
+    out["all_ok"] = all((r.metric("failed") or 0) == 0 and r.summary for r in meas)
+    out["failures"] = {mode: _failures([r for r in meas if r.mode == mode]) for mode in MODES}
+    out["liveness"] = {mode: _liveness([r for r in meas if r.mode == mode]) for mode in MODES}
+    legs: dict[str, float | None] = {}
+    for key in ("nats_queue_ms", "engine_ttft_seen_by_worker_ms", "gateway_accept_to_first_token_ms"):
+        vals = [float(v) for r in stack if (v := r.breakdown.get(key)) is not None]
+        legs[key] = _r(_mean(vals), 2)
+
+    def ttft_mean(rs: Sequence[Run]) -> float | None:
+        return _r(_mean([float(v) for r in rs if (v := (r.summary.get("ttft_ms") or {}).get("mean")) is not None]), 2)
+
+    legs["client_ttft_mean_ms"] = ttft_mean(stack)
+    legs["direct_client_ttft_mean_ms"] = ttft_mean(direct)
+    out["ttft_breakdown_ms"] = legs
+    return out
+
+
+def _failures(runs: Sequence[Run]) -> dict[str, Any]:
+    kinds: dict[str, int] = {}
+    samples: list[str] = []
+    for r in runs:
+        if r.error:
+            kinds["bench"] = kinds.get("bench", 0) + 1
+            samples.append(r.error[:300])
+        for k, n in (r.summary.get("errors") or {}).items():
+            if n:
+                kinds[k] = kinds.get(k, 0) + int(n)
+        for msgs in (r.summary.get("error_samples") or {}).values():
+            samples.extend(m for m in msgs if m not in samples)
+    return {"failed": int(sum(r.metric("failed") or 0 for r in runs)), "by_kind": kinds, "samples": samples[:4]}
+
+
+def _liveness(runs: Sequence[Run]) -> dict[str, float | None]:
+    def worst(key: str) -> float | None:
+        vals = [float(v) for r in runs if (v := r.liveness.get(key)) is not None]
+        return max(vals) if vals else None
+
+    return {
+        k: worst(k)
+        for k in ("heartbeat_gap_max_s", "worker_health_ms_max", "gateway_health_ms_max", "simulator_health_ms_max")
+    }
+
+
+def _cpu_means(runs: Sequence[Run]) -> dict[str, dict[str, float | None]]:
+    names = sorted({n for r in runs for n in r.processes})
+    out: dict[str, dict[str, float | None]] = {}
+    for n in names:
+        means = [r.processes[n]["cpu_util_mean"] for r in runs if n in r.processes]
+        peaks = [r.processes[n]["cpu_util_peak"] for r in runs if n in r.processes]
+        rss = [r.processes[n]["rss_peak_mb"] for r in runs if n in r.processes]
+        if n == "client":  # self-reported CPU over the load window is exact
+            win = [r.processes[n].get("cpu_util_window") for r in runs if n in r.processes]
+            if all(w is not None for w in win) and win:
+                means = [float(w) for w in win if w is not None]
+        out[n] = {
+            "mean": _r(_mean(means), 3),
+            "peak": _r(max(peaks) if peaks else None, 3),
+            "rss_peak_mb": _r(max(rss) if rss else None, 1),
+        }
+    out["machine_busy"] = {
+        "mean": _r(_mean([r.system.get("busy_cores_mean", 0.0) for r in runs]), 3),
+        "peak": None,
+        "rss_peak_mb": None,
+    }
+    out["other_load"] = {
+        "mean": _r(_mean([r.system.get("other_cpu_s", 0.0) / max(1e-6, r.wall_s) for r in runs]), 3),
+        "peak": None,
+        "rss_peak_mb": None,
+    }
+    return out
+
+
+def _cpu_per_token(runs: Sequence[Run]) -> dict[str, float | None]:
+    """CPU microseconds per token the engine generated in these runs (what the relay had to carry,
+    delivered or not: a run whose streams broke still did that work); the delivered count when the
+    simulator's counter is missing."""
+    if runs and all(r.engine_tokens is not None for r in runs):
+        tokens = sum(r.engine_tokens or 0 for r in runs)
+    else:
+        tokens = sum(r.summary.get("output_tokens", 0) for r in runs if r.summary)
+    if not tokens:
+        return {}
+    names = sorted({n for r in runs for n in r.processes})
+    return {
+        n: round(
+            sum(r.processes[n].get("cpu_s_self_reported") or r.processes[n]["cpu_s"] for r in runs if n in r.processes)
+            / tokens
+            * 1e6,
+            2,
+        )
+        for n in names
+    }
+
+
+def evaluate_targets(comparisons: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """PASS/MISS per target. TTFT targets at every level; the tokens/s target at 1,000 streams
+    (or, when 1,000 was not run, at the highest level, flagged as such)."""
+    out: list[dict[str, Any]] = []
+    for c in comparisons:
+        for key, limit, label in (
+            ("added_ttft_p50_ms", TARGET_ADDED_TTFT_P50_MS, "added TTFT p50"),
+            ("added_ttft_p99_ms", TARGET_ADDED_TTFT_P99_MS, "added TTFT p99"),
+        ):
+            v = c[key]["mean"]
+            out.append(
+                {
+                    "level": c["level"],
+                    "target": f"{label} <= {limit:g} ms",
+                    "value": v,
+                    "unit": "ms",
+                    "result": "n/a" if v is None else ("PASS" if v <= limit else "MISS"),
+                    "all_requests_ok": c["all_ok"],
+                }
+            )
+    if comparisons:
+        at = next((c for c in comparisons if c["level"] == TARGET_TOKENS_LEVEL), None)
+        note = ""
+        if at is None:
+            at = max(comparisons, key=lambda c: c["level"])
+            note = f"target is defined at {TARGET_TOKENS_LEVEL} streams; evaluated at {at['level']}"
+        v = at["tokens_per_s_ratio"]["mean"]
+        out.append(
+            {
+                "level": at["level"],
+                "target": f"tokens/s stack/direct >= {TARGET_TOKENS_RATIO:.0%}",
+                "value": v,
+                "unit": "ratio",
+                "result": "n/a" if v is None else ("PASS" if v >= TARGET_TOKENS_RATIO else "MISS"),
+                "all_requests_ok": at["all_ok"],
+                "note": note,
+            }
+        )
+    for t in out:
+        if t["result"] == "PASS" and not t["all_requests_ok"]:
+            t["result"] = "MISS"
+            t["note"] = (t.get("note", "") + "; " if t.get("note") else "") + "requests failed at this level"
+    return out
+
+
+def analyse(comparisons: Sequence[dict[str, Any]], cores: int, heartbeat_s: float = 1.0) -> list[str]:
+    """Plain-language 'what limits it', from the CPU figures."""
+    lines: list[str] = []
+    for c in comparisons:
+        level = c["level"]
+        for mode in MODES:
+            cpu = c["cpu_cores_mean"].get(mode) or {}
+            procs = {n: v for n, v in cpu.items() if n not in ("machine_busy", "other_load") and v["mean"] is not None}
+            if not procs:
+                continue
+            ranked = sorted(procs.items(), key=lambda kv: -(kv[1]["mean"] or 0.0))
+            busy = (cpu.get("machine_busy") or {}).get("mean") or 0.0
+            other = (cpu.get("other_load") or {}).get("mean") or 0.0
+            hot = [n for n, v in ranked if (v["mean"] or 0.0) >= SATURATED_CORE and n != "nats-server"]
+            desc = ", ".join(f"{n} {v['mean']:.2f} (peak {v['peak']:.2f})" for n, v in ranked)
+            verdict = []
+            if hot:
+                verdict.append(
+                    f"{' and '.join(hot)} saturate{'s' if len(hot) == 1 else ''} a core (single-threaded event loop)"
+                )
+            if busy >= 0.9 * cores:
+                verdict.append(f"the machine is out of CPU ({busy:.2f} of {cores} cores busy)")
+            if other >= 0.3:
+                verdict.append(f"other processes on the box used {other:.2f} cores meanwhile (noise)")
+            lines.append(
+                f"{level} streams, {mode}: mean cores {desc}; machine {busy:.2f}/{cores}. "
+                + ("; ".join(verdict) + "." if verdict else "No process is near a full core.")
+            )
+        b = c.get("ttft_breakdown_ms") or {}
+        if b.get("gateway_accept_to_first_token_ms") is not None and b.get("client_ttft_mean_ms") is not None:
+            lines.append(
+                f"{level} streams, stack TTFT legs (means, ms): client {b['client_ttft_mean_ms']:.0f} (direct "
+                f"{b.get('direct_client_ttft_mean_ms') or 0:.0f}) = HTTP into the gateway and back out "
+                f"{b['client_ttft_mean_ms'] - b['gateway_accept_to_first_token_ms']:.0f} + gateway accepted -> first "
+                f"token {b['gateway_accept_to_first_token_ms']:.0f}, of which waiting in NATS (dispatch -> worker "
+                f"takes it) {b.get('nats_queue_ms') or 0:.0f} and the engine call to its first token "
+                f"{b.get('engine_ttft_seen_by_worker_ms') or 0:.0f}."
+            )
+        fail = c["failures"]["stack"]
+        live = c["liveness"]["stack"]
+        gap = live.get("heartbeat_gap_max_s")
+        if fail["failed"]:
+            kinds = ", ".join(f"{k} x{n}" for k, n in fail["by_kind"].items())
+            lines.append(
+                f"{level} streams, stack: {fail['failed']} of {c['stack']['requests']} requests FAILED "
+                f"({kinds}); e.g. {fail['samples'][0] if fail['samples'] else 'n/a'}"
+            )
+        if gap is not None and gap > HEARTBEAT_MISSES * heartbeat_s:
+            lost = any("worker_lost" in m for m in fail["samples"])
+            lines.append(
+                f"{level} streams, stack: worker heartbeats arrived up to {gap:.1f} s apart (the gateway declares a "
+                f"worker lost after {HEARTBEAT_MISSES} x {heartbeat_s:g} s without one) and the worker answered "
+                f"/health in up to {(live.get('worker_health_ms_max') or 0) / 1000:.1f} s, the gateway in up to "
+                f"{(live.get('gateway_health_ms_max') or 0) / 1000:.1f} s: their event loops lag under this load, "
+                + (
+                    "and the gateway cut the streams of a worker that was still streaming (worker_lost)."
+                    if lost
+                    else "past the gateway's heartbeat window; no stream was cut."
+                )
+            )
+        elif live.get("worker_health_ms_max") and (live["worker_health_ms_max"] or 0) > 250:
+            lines.append(
+                f"{level} streams, stack: worker event-loop lag up to {live['worker_health_ms_max']:.0f} ms "
+                f"(/health latency), gateway up to {live.get('gateway_health_ms_max') or 0:.0f} ms."
+            )
+    lines.extend(_budget_lines(comparisons, cores))
+    return lines
+
+
+def _budget_lines(comparisons: Sequence[dict[str, Any]], cores: int) -> list[str]:
+    """CPU budget at the highest level's direct token rate: the relay's cost per token the engine
+    generated at that level (per-token cost falls with load: event loops and the worker's
+    coalescing batch more), plus what the simulator and the client need at that rate (direct runs)."""
+    if not comparisons:
+        return []
+    top = max(comparisons, key=lambda c: c["level"])
+    per_tok = top["cpu_us_per_token"].get("stack") or {}
+    relay = {n: per_tok[n] for n in ("gateway", "worker", "nats-server") if n in per_tok}
+    if not relay:
+        return []
+    total = sum(relay.values())
+    tps = top["direct"]["tokens_per_s"]["mean"] or 0.0
+    direct_tok = top["cpu_us_per_token"].get("direct") or {}
+    sim = direct_tok.get("simulator", 0.0) * tps / 1e6
+    client = direct_tok.get("client", 0.0) * tps / 1e6
+    need = total * tps / 1e6
+    return [
+        f"Relay CPU per token carried at {top['level']} streams: "
+        + ", ".join(f"{n} {v:.0f} us" for n, v in relay.items())
+        + f" = {total:.0f} us/token. At the direct rate of {top['level']} streams ({tps:.0f} tok/s) the relay "
+        f"needs {need:.2f} cores, plus the simulator {sim:.2f} and the client {client:.2f}: "
+        f"{need + sim + client:.2f} cores wanted on a {cores}-core box"
+        + (
+            " -> CPU-bound by construction; the relay must get cheaper per token (or the box bigger)."
+            if need + sim + client > cores
+            else "."
+        )
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Metadata and outputs
+# ---------------------------------------------------------------------------------------------
+def _nats_version(proc: psutil.Process | None) -> str:
+    exe = None
+    with contextlib.suppress(psutil.Error):
+        exe = proc.exe() if proc else None
+    exe = exe or shutil.which("nats-server")
+    if not exe:
+        return "unknown"
+    try:
+        return subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def metadata(cfg: BenchConfig, bench: Bench, started: dt.datetime, duration_s: float) -> dict[str, Any]:
+    commit, dirty_files = bench.git_commit, bench.git_dirty_files
+    prompt_tokens = sorted(bench.prompt_tokens)
+    return {
+        "date": started.isoformat(timespec="seconds"),
+        "git_commit": commit,
+        "git_dirty": bool(dirty_files),
+        "git_dirty_files": len(dirty_files),
+        "model_id": MODEL,
+        "model_revision": "n/a (simulator: no weights are loaded; the name is only served)",
+        "engine": "engine-sim (vllm flavour)",
+        "engine_version": f"llmlab-engine-sim {dist_version('llmlab-engine-sim')} (this repository's working tree)",
+        "container_image": "n/a (processes run on the host from the repository venv)",
+        "gpu": "none (simulated)",
+        "gpu_count": 0,
+        "driver": "n/a (no GPU)",
+        "cuda_or_rocm": "n/a (no GPU)",
+        "cpu": cpu_model(),
+        "ram": f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
+        "prompt_dataset": "none: synthetic, one user message (a fixed sentence + the request index)",
+        "input_length_distribution": (
+            f"fixed: {prompt_tokens[0]} prompt tokens (as counted by the simulator)"
+            if len(prompt_tokens) == 1
+            else f"fixed sentence; simulator counted {prompt_tokens[0]}-{prompt_tokens[-1]} prompt tokens"
+            if prompt_tokens
+            else "fixed: one short sentence (~15 tokens; counts in each run's usage)"
+        ),
+        "output_length_distribution": (
+            f"fixed: {cfg.tokens} tokens (max_tokens {cfg.tokens} = simulator "
+            f"--output-len {cfg.tokens}); warm-up runs {cfg.warmup_tokens}"
+        ),
+        "concurrency": cfg.levels,
+        "warmup": (
+            f"one run per mode per level before its measured runs, same concurrency, {cfg.warmup_tokens} "
+            "tokens per request; reported apart (runs with repeat 0), not in the figures"
+        ),
+        "duration": (
+            f"{duration_s:.0f} s for the whole benchmark; per run each stream sends "
+            f"ceil({cfg.min_requests} / level) request(s) back to back, streams start "
+            + (f"over {cfg.ramp_s:g} s" if cfg.ramp_s > 0 else "all at once")
+            + "; window = first send to last byte (per-run client_summary.window_s)"
+        ),
+        "sampling_parameters": {
+            "max_tokens": cfg.tokens,
+            "stream": True,
+            "stream_options.include_usage": True,
+            "temperature": "not sent (engine default; the simulator ignores sampling)",
+        },
+        "simulated": True,
+        "simulated_note": (
+            "All figures come from the engine simulator (fixed TTFT/ITL timing on the CPU), not a "
+            "GPU: they measure the relay's overhead, not model serving performance."
+        ),
+        "simulator": {
+            "ttft_ms": cfg.ttft_ms,
+            "itl_ms": cfg.itl_ms,
+            "max_num_seqs": cfg.max_num_seqs,
+            "output_len": cfg.tokens,
+            "flavor": "vllm",
+        },
+        "worker": {
+            "max_concurrency": cfg.worker_max_concurrency,
+            "heartbeat_interval_s": cfg.worker_heartbeat_s,
+            "coalesce_ms": "default (10)",
+        },
+        "gateway": {"queue_timeout_s": cfg.queue_timeout_s},
+        "repeats": cfg.repeats,
+        "quick": cfg.quick,
+        "namespace": bench.stack.namespace,
+        "nats_url": cfg.nats_url,
+        "nats_server_version": _nats_version(bench.services.get("nats-server")),
+        "python": platform.python_version(),
+        "aiohttp": dist_version("aiohttp"),
+        "platform": platform.platform(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "open_files_limit": raise_nofile_limit(),
+        "service_logs": {p.name: str(p.log_path) for p in bench.stack.procs},
+        "command_line": shlex.join([sys.executable, *sys.argv]),
+    }
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    meta, comps, targets = doc["metadata"], doc["summary"]["levels"], doc["summary"]["targets"]
+
+    def f(x: Any, nd: int = 1) -> str:
+        return "—" if x is None else f"{x:.{nd}f}" if isinstance(x, float | int) else str(x)
+
+    def runs_of(d: dict[str, Any], nd: int = 1) -> str:
+        return "[" + ", ".join(f(v, nd) for v in d["runs"]) + "]"
+
+    out = [
+        f"# Relay benchmark {meta['date']}",
+        "",
+        f"> {meta['simulated_note']}",
+        "",
+        f"Command: `{meta['command_line']}`  ",
+        f"Commit `{meta['git_commit'][:12]}`{' (dirty working tree)' if meta['git_dirty'] else ''}; "
+        f"{meta['cpu']}; {meta['ram']} RAM; simulator TTFT {meta['simulator']['ttft_ms']:g} ms, "
+        f"ITL {meta['simulator']['itl_ms']:g} ms, {meta['simulator']['output_len']} output tokens; "
+        f"{meta['repeats']} measured run(s) per mode and level.",
+        "",
+        "## Stack vs direct",
+        "",
+        "| streams | added TTFT p50 (ms) | added TTFT p99 (ms) | ITL p99 ratio | tokens/s ratio | per repeat "
+        "(stack − direct, stack / direct) | requests ok (direct, stack) |",
+        "|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for c in comps:
+        d_ok, s_ok = c["direct"]["ok"]["runs"], c["stack"]["ok"]["runs"]
+        out.append(
+            f"| {c['level']} | {f(c['added_ttft_p50_ms']['mean'])} | {f(c['added_ttft_p99_ms']['mean'])} | "
+            f"{f(c['itl_p99_ratio']['mean'], 3)} | {f(c['tokens_per_s_ratio']['mean'], 3)} | "
+            f"p50 {runs_of(c['added_ttft_p50_ms'])}; p99 {runs_of(c['added_ttft_p99_ms'])}; "
+            f"tok/s {runs_of(c['tokens_per_s_ratio'], 3)} | {int(sum(d_ok))}/{c['direct']['requests']}, "
+            f"{int(sum(s_ok))}/{c['stack']['requests']} |"
+        )
+    out += [
+        "",
+        "## Absolute figures (mean of the measured runs)",
+        "",
+        "| streams | mode | TTFT p50 (ms) | TTFT p99 (ms) | ITL p99 (ms) | TPOT p50 (ms) | tokens/s | tokens/chunk "
+        "| failed |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in comps:
+        for mode in MODES:
+            m = c[mode]
+            out.append(
+                f"| {c['level']} | {mode} | {f(m['ttft_p50_ms']['mean'])} | {f(m['ttft_p99_ms']['mean'])} | "
+                f"{f(m['itl_p99_ms']['mean'])} | {f(m['tpot_p50_ms']['mean'], 2)} | "
+                f"{f(m['tokens_per_s']['mean'], 0)} | {f(m['tokens_per_chunk']['mean'], 2)} | "
+                f"{f(sum(m['failed']['runs']), 0)} |"
+            )
+    out += ["", "## Targets", "", "| streams | target | value | result | note |", "|---:|---|---:|---|---|"]
+    for t in targets:
+        out.append(f"| {t['level']} | {t['target']} | {f(t['value'], 3)} | **{t['result']}** | {t.get('note', '')} |")
+    out += [
+        "",
+        "## CPU (mean cores over the run; peak = highest 0.5 s sample) and peak RSS",
+        "",
+        "| streams | mode | " + " | ".join(("client", *SERVICES)) + " | machine busy | other load |",
+        "|---:|---|" + "---:|" * (len(SERVICES) + 3),
+    ]
+    for c in comps:
+        for mode in MODES:
+            cpu = c["cpu_cores_mean"][mode]
+            cells = []
+            for n in ("client", *SERVICES):
+                v = cpu.get(n)
+                cells.append("—" if not v else f"{f(v['mean'], 2)} (pk {f(v['peak'], 2)}, {f(v['rss_peak_mb'], 0)} MB)")
+            out.append(
+                f"| {c['level']} | {mode} | "
+                + " | ".join(cells)
+                + f" | {f(cpu['machine_busy']['mean'], 2)} | {f(cpu['other_load']['mean'], 2)} |"
+            )
+    out += ["", "## What limits it", ""] + [f"- {ln}" for ln in doc["summary"]["analysis"]]
+    warm = [r for r in doc["runs"] if r["warmup"]]
+    if warm:
+        out += [
+            "",
+            "## Warm-up runs (not in the figures)",
+            "",
+            "| streams | mode | tokens | TTFT p50 (ms) | TTFT p99 (ms) | ok | failed |",
+            "|---:|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in warm:
+            out.append(
+                f"| {r['level']} | {r['mode']} | {r['tokens']} | {f(r['ttft_p50_ms'])} | "
+                f"{f(r['ttft_p99_ms'])} | {f(r['requests_ok'], 0)} | {f(r['requests_failed'], 0)} |"
+            )
+    out += ["", "## Metadata", "", "| field | value |", "|---|---|"]
+    for k, v in meta.items():
+        if k in ("service_logs",):
+            continue
+        out.append(f"| {k} | {json.dumps(v) if isinstance(v, dict | list) else v} |")
+    return "\n".join(out) + "\n"
+
+
+def render_plot(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    comps = doc["summary"]["levels"]
+    if not comps:
+        return
+    labels = [str(c["level"]) for c in comps]
+    xs = list(range(len(comps)))
+    w = 0.38
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    colors = {"direct": "#4C72B0", "stack": "#DD8452"}
+
+    def bars(ax: Any, metric: str, title: str, ylabel: str) -> None:
+        for i, mode in enumerate(MODES):
+            means = [c[mode][metric]["mean"] or 0.0 for c in comps]
+            lo = [m - min(c[mode][metric]["runs"] or [m]) for m, c in zip(means, comps, strict=True)]
+            hi = [max(c[mode][metric]["runs"] or [m]) - m for m, c in zip(means, comps, strict=True)]
+            pos = [x + (i - 0.5) * w for x in xs]
+            ax.bar(pos, means, w, yerr=[lo, hi], capsize=3, label=mode, color=colors[mode])
+            for p, m, c in zip(pos, means, comps, strict=True):
+                failed = int(sum(c[mode]["failed"]["runs"]))
+                text = f"{m:.0f}" + (f"\n{failed}/{c[mode]['requests']} failed" if failed else "")
+                ax.annotate(
+                    text,
+                    (p, max(m, 1.0)),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                    color="red" if failed else "black",
+                )
+        ax.set_yscale("log")
+        ax.set_xticks(xs, labels)
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend()
+
+    bars(axes[0][0], "ttft_p50_ms", "TTFT p50 of successful requests (whiskers: min-max of repeats)", "ms (log)")
+    bars(axes[0][1], "ttft_p99_ms", "TTFT p99 of successful requests", "ms (log)")
+    bars(axes[1][0], "tokens_per_s", "Delivered output tokens/s", "tokens/s (log)")
+    ax = axes[1][1]
+    names = ["client", *SERVICES]
+    bottoms = [0.0] * (2 * len(comps))
+    pos = [x + (i - 0.5) * w for x in xs for i in range(2)]
+    for n in names:
+        vals = [((c["cpu_cores_mean"][mode].get(n) or {}).get("mean") or 0.0) for c in comps for mode in MODES]
+        ax.bar(pos, vals, w * 0.95, bottom=bottoms, label=n)
+        bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
+    cores = psutil.cpu_count() or 2
+    ax.axhline(cores, color="red", linestyle="--", linewidth=1, label=f"{cores} cores")
+    ax.set_xticks(pos, [f"{c['level']}\n{mode}" for c in comps for mode in MODES], fontsize=7)
+    ax.set_ylabel("mean cores")
+    ax.set_title("CPU by process (left bar direct, right bar stack)")
+    ax.legend(fontsize=7, ncol=2)
+    meta = doc["metadata"]
+    fig.suptitle(
+        f"Relay benchmark {meta['date']} — simulated engine (no GPU), commit {meta['git_commit'][:10]}", fontsize=11
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def build_document(cfg: BenchConfig, bench: Bench, started: dt.datetime, duration_s: float) -> dict[str, Any]:
+    comps = [compare_level(bench.runs, lv) for lv in cfg.levels if any(r.level == lv for r in bench.runs)]
+    cores = psutil.cpu_count() or 2
+    return {
+        "metadata": metadata(cfg, bench, started, duration_s),
+        "summary": {
+            "levels": comps,
+            "targets": evaluate_targets(comps),
+            "analysis": analyse(comps, cores, cfg.worker_heartbeat_s),
+        },
+        "runs": [r.to_json() for r in bench.runs],
+    }
+
+
+def write_outputs(doc: dict[str, Any], out_dir: Path, started: dt.datetime) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ts = started.strftime("%Y%m%dT%H%M%SZ")
+    paths = {
+        "json": out_dir / f"relay-{ts}.json",
+        "md": out_dir / f"relay-{ts}.md",
+        "png": out_dir / f"relay-{ts}.png",
+        "latest": out_dir / "relay-latest.json",
+    }
+    text = json.dumps(doc, indent=1)
+    paths["json"].write_text(text)
+    paths["md"].write_text(render_markdown(doc))
+    try:
+        render_plot(doc, paths["png"])
+    except Exception:
+        log.exception("plot failed (the JSON and Markdown are written)")
+        paths.pop("png")
+    shutil.copyfile(paths["json"], paths["latest"])
+    return paths
+
+
+def report_lines(doc: dict[str, Any], paths: dict[str, Path]) -> list[str]:
+    """The human-readable end-of-run report."""
+
+    def v(c: dict[str, Any], key: str, nd: int) -> str:
+        m, sp = c[key]["mean"], c[key]["spread"]
+        return ("—" if m is None else f"{m:.{nd}f}") + ("" if sp is None else f"±{sp / 2:.{nd}f}")
+
+    out = [
+        "",
+        "Relay benchmark (simulated engine, no GPU): stack vs direct (mean ± half the spread of repeats)",
+        f"{'streams':>8} {'+TTFT p50 ms':>14} {'+TTFT p99 ms':>14} {'ITL p99 x':>11} {'tok/s x':>12}"
+        "  ok (direct, stack)",
+    ]
+    for c in doc["summary"]["levels"]:
+        ok = (
+            f"{int(sum(c['direct']['ok']['runs']))}/{c['direct']['requests']}, "
+            f"{int(sum(c['stack']['ok']['runs']))}/{c['stack']['requests']}"
+        )
+        out.append(
+            f"{c['level']:>8} {v(c, 'added_ttft_p50_ms', 1):>14} {v(c, 'added_ttft_p99_ms', 1):>14} "
+            f"{v(c, 'itl_p99_ratio', 2):>11} {v(c, 'tokens_per_s_ratio', 3):>12}  {ok}"
+        )
+    out += ["", "Targets:"]
+    for t in doc["summary"]["targets"]:
+        val = "—" if t["value"] is None else f"{t['value']:.3f}"
+        note = f"  ({t['note']})" if t.get("note") else ""
+        out.append(f"  {t['result']:<4} {t['level']:>5} streams: {t['target']}: {val}{note}")
+    out += ["", "What limits it:"] + [f"  - {line}" for line in doc["summary"]["analysis"]]
+    out += ["", "Wrote " + ", ".join(str(x) for x in paths.values())]
+    return out
+
+
+def _sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    if cfg.render is not None:
+        paths = rerender(cfg.render)
+        for line in report_lines(json.loads(paths["json"].read_text()), paths):
+            print(line)  # noqa: T201
+        return 0
+    soft = raise_nofile_limit(max(cfg.levels) * 3 + 256)  # inherited by the services we spawn
+    log.info(
+        "open-files limit %d; levels %s, %d repeat(s), %d tokens, warm-up %d tokens",
+        soft,
+        cfg.levels,
+        cfg.repeats,
+        cfg.tokens,
+        cfg.warmup_tokens,
+    )
+    signal.signal(signal.SIGTERM, _sigterm)
+    started = dt.datetime.now(dt.UTC)
+    bench = Bench(cfg)
+    try:
+        bench.start()
+        bench.run_all()
+        duration = time.monotonic() - bench.t_start
+        doc = build_document(cfg, bench, started, duration)
+    except KeyboardInterrupt:
+        log.warning("interrupted: stopping the processes and deleting the namespace's streams")
+        return 130
+    finally:
+        bench.close()
+    paths = write_outputs(doc, cfg.out_dir, started)
+    for line in report_lines(doc, paths):
+        print(line)  # noqa: T201
+    log.info("done in %.0fs", time.monotonic() - bench.t_start)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

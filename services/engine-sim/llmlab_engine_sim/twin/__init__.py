@@ -1,1 +1,0 @@
-"""Engine twin: hardware/model catalog, KV calculator and roofline step-time model for the simulator."""
