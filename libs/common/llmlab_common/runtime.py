@@ -8,6 +8,8 @@ up to ``drain_timeout_s``, and the lifespan's shutdown drains background work.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -55,6 +57,13 @@ def ops_router(state: ServiceState, metrics: Metrics) -> APIRouter:
         return Response(body, media_type=ctype)
 
     return router
+
+
+async def cancel_and_wait(task: asyncio.Task[None]) -> None:
+    """Cancel a background task and wait until it has stopped (for an AsyncExitStack)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 class _DrainingServer(uvicorn.Server):

@@ -15,8 +15,9 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_CATALOG = REPO_ROOT / "configs" / "catalog.yaml"
+# Relative paths resolve against the working directory: every command of this repository runs
+# from its root, and a deployment sets LLMLAB_CATALOG_PATH.
+DEFAULT_CATALOG = Path("configs") / "catalog.yaml"
 _NAMESPACE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 

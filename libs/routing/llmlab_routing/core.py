@@ -9,8 +9,9 @@ import time
 from collections.abc import Callable
 
 from llmlab_common.catalog import Deployment
-from llmlab_common.errors import InvalidRequest, LLMLabError, ModelNotFound, ServiceUnavailable
-from llmlab_common.messages import ErrorInfo, RouteQuery, RouteReply, RouteTarget
+from llmlab_common.codes import Code
+from llmlab_common.errors import InvalidRequest, LLMLabError, ModelNotFound, ServiceUnavailable, Unprocessable
+from llmlab_common.messages import RouteQuery, RouteReply, RouteTarget
 
 from llmlab_routing.config import CatalogHolder, RouterCatalog
 from llmlab_routing.decide import decide
@@ -20,6 +21,9 @@ from llmlab_routing.records import DecisionLog, make_record
 from llmlab_routing.state import LiveState
 
 log = logging.getLogger(__name__)
+
+# The error a client sees when nothing can serve, by the decision's status.
+_REFUSALS: dict[int, type[LLMLabError]] = {400: InvalidRequest, 422: Unprocessable, 503: ServiceUnavailable}
 
 
 class RouterCore:
@@ -63,7 +67,7 @@ class RouterCore:
             if q.policy not in r.policies:
                 raise InvalidRequest(
                     f"Unknown routing policy '{q.policy}'. Known: {', '.join(sorted(r.policies))}.",
-                    code="invalid_route_policy",
+                    code=Code.INVALID_ROUTE_POLICY,
                 )
             return q.policy
         alias = r.aliases.get(q.model)
@@ -77,13 +81,13 @@ class RouterCore:
         spec = routing.policies[policy]
         plan = cat.plans.get(q.plan)
         if plan is None:
-            raise InvalidRequest(f"Unknown plan '{q.plan}'.", code="invalid_plan")
+            raise InvalidRequest(f"Unknown plan '{q.plan}'.", code=Code.INVALID_PLAN)
         slo_name = q.slo_class or plan.slo_class
         slo = cat.slo_classes.get(slo_name)
         if slo is None:
             raise InvalidRequest(
                 f"Unknown SLO class '{slo_name}'. Known: {', '.join(sorted(cat.slo_classes))}.",
-                code="invalid_slo_class",
+                code=Code.INVALID_SLO_CLASS,
             )
         dclass = difficulty_class(q.difficulty)
         constraints = Constraints(
@@ -200,9 +204,6 @@ class RouterCore:
             reason=dec.reason,
         )
         if not dec.targets:
-            status, code = dec.error_status or 503, dec.error_code or "no_route"
-            if status == 503:
-                reply.error = ServiceUnavailable(dec.reason, code=code).to_info()
-            else:
-                reply.error = ErrorInfo(status=status, type="invalid_request_error", code=code, message=dec.reason)
+            refusal = _REFUSALS.get(dec.error_status or 503, ServiceUnavailable)
+            reply.error = refusal(dec.reason, code=dec.error_code or Code.NO_ROUTE).to_info()
         return reply, inp, dec

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import random
 
+from llmlab_common.codes import Code
+
 from llmlab_routing.model import Decision, DecisionInputs, DeploymentView, Target
 from llmlab_routing.plugins import FILTERS, PICKERS, SCORERS
 
 # Which refusal a client sees when no deployment is left, by the first hard filter that removed
 # the last candidates (a request too long for every model is the client's to fix: 400).
-_ERRORS: dict[str, tuple[int, str]] = {
-    "context": (400, "context_length_exceeded"),
-    "quality-floor": (422, "no_route"),
-    "cost-cap": (422, "no_route"),
-    "healthy": (503, "no_workers"),
+_ERRORS: dict[str, tuple[int, Code]] = {
+    "context": (400, Code.CONTEXT_LENGTH_EXCEEDED),
+    "quality-floor": (422, Code.NO_ROUTE),
+    "cost-cap": (422, Code.NO_ROUTE),
+    "healthy": (503, Code.NO_WORKERS),
 }
 
 
@@ -39,7 +41,7 @@ def decide(inp: DecisionInputs) -> Decision:
     alive, verdicts = _filter(inp, inp.deployments)
     if not alive:
         last = _last_blocking_filter(inp, verdicts)
-        status, code = _ERRORS.get(last, (503, "no_route"))
+        status, code = _ERRORS.get(last, (503, Code.NO_ROUTE))
         reasons = "; ".join(f"{dep}: {v.get(last, '?')}" for dep, v in verdicts.items()) or "no candidate deployment"
         return Decision([], verdicts, {}, [], f"{inp.policy}: nothing can serve ({last}): {reasons}", status, code)
 

@@ -1,6 +1,9 @@
 """Live state the router decides on: worker heartbeats (aged out), observed TTFT/ITL per deployment
 from completed attempts (windowed p95), recent failures, what the router itself sent since each
-worker's last heartbeat, and which worker was last sent each prompt-prefix block."""
+worker's last heartbeat, and which worker was last sent each prompt-prefix block.
+
+It is also the gateway's one worker registry: the same heartbeats say which worker process still
+holds an attempt (:meth:`LiveState.alive`) and how many workers of a pool are ready."""
 
 from __future__ import annotations
 
@@ -8,10 +11,9 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from llmlab_common import rules
 from llmlab_common.messages import HEARTBEAT_MISSES, AttemptEvent, Heartbeat
 from llmlab_common.stats import quantile
-
-_FAILED = {"engine_error", "worker_lost", "abandoned"}
 
 
 @dataclass
@@ -77,10 +79,11 @@ class LiveState:
         self._by_pool.setdefault(hb.pool, {})[hb.worker_id] = w
 
     def on_attempt(self, ev: AttemptEvent, now: float | None = None) -> None:
-        if ev.source != "worker" and ev.outcome not in _FAILED:
+        failed = rules.attempt_failed(ev.outcome)
+        if ev.source != "worker" and not failed:
             return
         now = time.monotonic() if now is None else now
-        if ev.outcome in _FAILED:
+        if failed:
             self.observe(ev.deployment, ok=False, now=now)
         elif ev.outcome == "completed":
             t = ev.timings
@@ -108,6 +111,26 @@ class LiveState:
                 hbs.append(w.hb)
                 pending.append(w.pending)
         return hbs, pending
+
+    def alive(self, worker_id: str, instance_id: str = "", now: float | None = None) -> bool:
+        """Beating within its TTL, and, when ``instance_id`` is given, still the same process (one
+        restarted under the same id does not carry on its predecessor's attempts)."""
+        w = self.workers.get(worker_id)
+        if w is None or w.expires_at <= (time.monotonic() if now is None else now):
+            return False
+        return not instance_id or not w.hb.instance_id or w.hb.instance_id == instance_id
+
+    def ttl(self, worker_id: str) -> float:
+        """How long this worker may stay silent before it counts as lost."""
+        w = self.workers.get(worker_id)
+        return HEARTBEAT_MISSES * (w.hb.interval_s if w is not None else 1.0)
+
+    def live_ready(self, pool: str, now: float | None = None) -> int:
+        """Live, ready, not draining workers of a pool."""
+        return len(self.live_entries(pool, time.monotonic() if now is None else now)[0])
+
+    def pools(self) -> list[str]:
+        return [pool for pool, workers in self._by_pool.items() if workers]
 
     def prefix_match(self, worker_id: str, hashes: list[str]) -> int:
         """How many leading blocks were last sent to this worker (stops at the first that was not)."""

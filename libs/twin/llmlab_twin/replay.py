@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from llmlab_common import rules
 from llmlab_common.catalog import load_catalog
 from llmlab_common.settings import InfraSettings
 
@@ -46,23 +47,24 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Slo:
+    """An SLO class's per-request limits (``ttft_s`` is the class's ``ttft_p95_s`` applied to each
+    request); :meth:`met` applies the one SLO rule, :func:`llmlab_common.rules.slo_verdict`."""
+
     ttft_s: float | None = None
     tpot_s: float | None = None
     e2e_s: float | None = None
     queue_s: float | None = None
 
     def met(self, s: TwinSeq) -> bool:
-        if s.state is not SeqState.DONE:
-            return False
-        if self.queue_s is not None and (s.queue_time or 0.0) > self.queue_s:
-            return False
-        if self.ttft_s is not None and (s.ttft is None or s.ttft > self.ttft_s):
-            return False
-        if self.tpot_s is not None:
-            tp = s.tpot
-            if tp is not None and tp > self.tpot_s:
-                return False
-        return not (self.e2e_s is not None and (s.e2e is None or s.e2e > self.e2e_s))
+        # A twin request's TTFT and E2E run from its arrival: queue time included, as a client sees.
+        return rules.slo_verdict(
+            rules.SloLimits(self.ttft_s, self.tpot_s, self.e2e_s, self.queue_s),
+            answered=s.state is SeqState.DONE,
+            ttft_s=s.ttft,
+            tpot_s=s.tpot,
+            e2e_s=s.e2e,
+            queue_s=s.queue_time,
+        ).met
 
 
 def load_slo_classes(catalog_path: str | Path | None = None) -> dict[str, Slo]:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from llmlab_common.catalog import Catalog
+from llmlab_common.codes import Code
+from llmlab_common.errors import EngineError, InvalidRequest, LLMLabError, NotFound, PayloadTooLarge, UpstreamTimeout
 from llmlab_common.logging import request_id_var
 from llmlab_common.messages import (
     AliveProbe,
@@ -431,11 +433,11 @@ class Worker:
             error = _engine_error_info(exc)
         except TimeoutError:
             outcome = "engine_error"
-            error = ErrorInfo(status=504, type="server_error", code="timeout", message="request deadline reached")
+            error = UpstreamTimeout("request deadline reached").to_info()
         except Exception as exc:
             log.exception("attempt failed")
             outcome = "engine_error"
-            error = ErrorInfo(status=500, type="server_error", code="worker_error", message=str(exc)[:300])
+            error = LLMLabError(str(exc)[:300], code=Code.WORKER_ERROR).to_info()
         finally:
             coalescer.flush()
             coalescer.close()
@@ -638,15 +640,6 @@ def _engine_error_info(exc: EngineRequestError) -> ErrorInfo:
     if exc.status in (400, 404, 413, 422):
         # The engine refused the request itself (e.g. prompt longer than the context): the
         # client's error, reported as such.
-        return ErrorInfo(
-            status=400 if exc.status == 422 else exc.status,
-            type="invalid_request_error",
-            code="engine_rejected",
-            message=exc.message,
-        )
-    return ErrorInfo(
-        status=502,
-        type="server_error",
-        code="engine_error",
-        message=f"engine error ({exc.status or 'no connection'}): {exc.message}",
-    )
+        rejected = {404: NotFound, 413: PayloadTooLarge}.get(exc.status, InvalidRequest)
+        return rejected(exc.message, code=Code.ENGINE_REJECTED).to_info()
+    return EngineError(f"engine error ({exc.status or 'no connection'}): {exc.message}").to_info()

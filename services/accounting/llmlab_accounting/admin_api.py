@@ -4,18 +4,18 @@ the directory). Admin-authenticated (the SHA-256 of the admin key is configured,
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
 import math
 import re
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request, Security
+from fastapi import APIRouter, Security
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from llmlab_common.errors import AuthenticationFailed, InvalidRequest, LLMLabError
+from llmlab_common import rules
+from llmlab_common.codes import Code
+from llmlab_common.errors import AuthenticationFailed, InvalidRequest
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmlab_accounting.settings import AccountingSettings
@@ -45,22 +45,20 @@ def check_read_only(sql: str) -> str:
     this check gives a clear 400 instead of a server error."""
     body = _COMMENTS.sub(" ", sql).strip().rstrip(";").strip()
     if ";" in body:
-        raise InvalidRequest("Send one statement per query.", code="multiple_statements")
+        raise InvalidRequest("Send one statement per query.", code=Code.MULTIPLE_STATEMENTS)
     if not _READ_STATEMENT.match(body):
-        raise InvalidRequest("Only SELECT queries are allowed.", code="read_only")
+        raise InvalidRequest("Only SELECT queries are allowed.", code=Code.READ_ONLY)
     return body
 
 
 def admin_router(store: Store, settings: AccountingSettings) -> APIRouter:
     router = APIRouter()
     bearer = HTTPBearer(auto_error=False, description="Admin key")
-    root_digest = settings.admin_key_sha256.lower().encode()
 
     async def authenticate(creds: HTTPAuthorizationCredentials | None = Security(bearer)) -> None:
         if creds is None or not creds.credentials:
             raise AuthenticationFailed("Missing admin key: send 'Authorization: Bearer <admin key>'.")
-        digest = hashlib.sha256(creds.credentials.encode()).hexdigest().encode()
-        if not hmac.compare_digest(digest, root_digest):
+        if not rules.key_matches(creds.credentials, settings.admin_key_sha256):
             raise AuthenticationFailed("Invalid admin key.")
 
     @router.post("/query", response_model=QueryResponse)
@@ -76,7 +74,7 @@ def admin_router(store: Store, settings: AccountingSettings) -> APIRouter:
                 timeout_s=settings.query_timeout_s,
             )
         except Exception as exc:  # ClickHouse's own message (syntax, unknown column, readonly)
-            raise InvalidRequest(str(exc).strip()[:2000], code="query_failed") from exc
+            raise InvalidRequest(str(exc).strip()[:2000], code=Code.QUERY_FAILED) from exc
         log.info("admin query: %d rows", len(result.rows))
         # ClickHouse returns nan for an aggregate over no rows (quantileIf with nothing matching);
         # JSON has no nan: send null, as ClickHouse's own JSON output does.
@@ -84,9 +82,3 @@ def admin_router(store: Store, settings: AccountingSettings) -> APIRouter:
         return JSONResponse(jsonable_encoder({"columns": result.columns, "types": result.types, "rows": rows}))
 
     return router
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(LLMLabError)
-    async def _on_error(request: Request, exc: LLMLabError) -> JSONResponse:
-        return JSONResponse(exc.to_openai(), status_code=exc.status, headers=exc.headers)

@@ -10,12 +10,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from llmlab_common.catalog import load_catalog
+from llmlab_common.http import install_error_handlers
 from llmlab_common.metrics import Metrics
 from llmlab_common.natsio import connect, ensure_streams
 from llmlab_common.runtime import ServiceState, ops_router
 from llmlab_common.subjects import Topology
 
-from llmlab_accounting.admin_api import admin_router, install_error_handlers
+from llmlab_accounting.admin_api import admin_router
 from llmlab_accounting.decode import Decoder, tune_gc
 from llmlab_accounting.fetch import IngestClient
 from llmlab_accounting.metrics import AccountingMetrics
@@ -67,7 +68,7 @@ def create_app(settings: AccountingSettings) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.service_state = state
-    install_error_handlers(app)
+    install_error_handlers(app, "accounting service")
     app.include_router(ops_router(state, metrics))
     app.include_router(admin_router(store, settings), prefix="/admin/v1")
     return app

@@ -1,12 +1,10 @@
 """Events → rows: attribution to deployment/pool/GPU, the charging rule, list-price cost inputs and
 SLO verdicts. Imports neither NATS nor FastAPI nor ClickHouse.
 
-Charging rule (the budget's, ``llmlab_budget.service.BudgetService.settle_attempt``; it is a method
-over the Redis ledger, so it is restated here, not imported): a request pays once, for the attempt
-that answered (input and output tokens as the engine counted them); failed attempts (retries,
-fallbacks) are not charged; a request the client cancels pays its input plus the tokens delivered
-(the gateway's ``cancelled``/``client_disconnected`` event); a refused or failed request pays
-nothing. Tokens an engine processed for an attempt nobody pays for are *burnt* (retry overhead).
+The rules shared with other services come from :mod:`llmlab_common.rules`, never restated here:
+the charging rule (:func:`~llmlab_common.rules.charge_for`, which the budget settles by), budget
+refusals, failed outcomes and the SLO verdict. Tokens an engine processed for an attempt nobody
+pays for are *burnt* (retry overhead).
 """
 
 from __future__ import annotations
@@ -16,7 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, cast
 
+from llmlab_common import rules
 from llmlab_common.catalog import Catalog, SloClass
+from llmlab_common.codes import Code
 from llmlab_common.messages import AttemptEvent, ErrorInfo, Heartbeat, RequestEvent
 
 StatusClass = Literal[
@@ -29,11 +29,6 @@ StatusClass = Literal[
     "auth",  # 401/403
     "dropped",  # a redelivered attempt nobody waited for: no work done
 ]
-
-# Budget refusals: insufficient_quota, and the budget's 429/400 codes (llmlab_budget.service._refusal).
-_BUDGET_CODES = frozenset(
-    {"rate_limit_exceeded", "tokens_per_minute_exceeded", "concurrency_limit_exceeded", "input_tokens_exceeded"}
-)
 
 
 class AttemptRow(TypedDict):
@@ -139,9 +134,9 @@ class HeartbeatRow(TypedDict):
 def error_class(err: ErrorInfo) -> StatusClass:
     if err.status in (401, 403):
         return "auth"
-    if err.type == "insufficient_quota" or err.code in _BUDGET_CODES:
+    if rules.is_budget_refusal(err):
         return "refused_budget"
-    if err.status in (408, 504) or err.code in ("queue_timeout", "timeout"):
+    if err.status in (408, 504) or err.code in (Code.QUEUE_TIMEOUT, Code.TIMEOUT):
         return "timeout"
     if err.status == 499:
         return "cancelled"
@@ -153,38 +148,22 @@ def error_class(err: ErrorInfo) -> StatusClass:
 
 
 def attempt_class(ev: AttemptEvent) -> StatusClass:
-    match ev.outcome:
-        case "completed":
-            return "ok"
-        case "cancelled":
-            return "cancelled"
-        case "expired" | "abandoned":
-            return "timeout"
-        case "stale":
-            return "dropped"
-        case "worker_lost":
-            return "server_error"
-        case "engine_error":
-            return error_class(ev.error) if ev.error is not None and ev.error.status >= 400 else "server_error"
-    return "server_error"
+    """Answered, cancelled, never generated (expired: taken too late; stale: nobody waited), or
+    failed (:data:`llmlab_common.rules.FAILED_OUTCOMES`): a failure is classed by the engine's
+    error when it sent one, and nobody answering in time is a timeout."""
+    if ev.outcome == "completed":
+        return "ok"
+    if ev.outcome == "cancelled":
+        return "cancelled"
+    if rules.attempt_failed(ev.outcome):
+        if ev.error is not None and ev.error.status >= 400:
+            return error_class(ev.error)
+        return "timeout" if ev.outcome == "abandoned" else "server_error"
+    return "dropped" if ev.outcome == "stale" else "timeout"
 
 
-def is_billing(ev: AttemptEvent) -> bool:
-    """Whether the budget charges this event (mirrors ``BudgetService.settle_attempt``)."""
-    if ev.outcome == "completed" and ev.usage is not None:
-        return True
-    return (
-        ev.outcome == "cancelled"
-        and ev.source == "gateway"
-        and ev.error is not None
-        and ev.error.code == "client_disconnected"
-    )
-
-
-def _ok(value: float | None, limit: float | None) -> int | None:
-    if limit is None or value is None:
-        return None
-    return int(value <= limit)
+def _flag(ok: bool | None) -> int | None:
+    return None if ok is None else int(ok)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,18 +222,21 @@ def _context(catalog: Catalog, deployment: str, model: str, plan: str, route_slo
 
 
 def _slo_verdicts(ev: AttemptEvent, slo: SloClass | None) -> tuple[int | None, int | None, int | None, int | None]:
-    """(ttft, tpot, e2e, all) against the attempt's SLO class; None where there is no limit or no
-    figure to judge."""
+    """(ttft, tpot, e2e, all) against the attempt's SLO class (:func:`llmlab_common.rules.slo_verdict`);
+    None where there is no limit or no figure to judge."""
     if slo is None:
         return None, None, None, None
     t = ev.timings
-    # Client-side TTFT: NATS queue wait + engine TTFT (engine queue and prefill).
-    client_ttft = t.nats_queue_s + t.ttft_s if t is not None and t.ttft_s is not None else None
-    ttft_ok = _ok(client_ttft, slo.ttft_p95_s)
-    tpot_ok = _ok(t.tpot_s if t else None, slo.tpot_s)
-    e2e_ok = _ok(ev.ended_at - ev.created_at, slo.e2e_s)
-    # Only an answered attempt can meet an SLO; a missing figure does not fail it.
-    return ttft_ok, tpot_ok, e2e_ok, int(ev.outcome == "completed" and 0 not in (ttft_ok, tpot_ok, e2e_ok))
+    v = rules.slo_verdict(
+        rules.SloLimits.of(slo),
+        answered=ev.outcome == "completed",
+        # Client-side TTFT: NATS queue wait + engine TTFT (engine queue and prefill).
+        ttft_s=t.nats_queue_s + t.ttft_s if t is not None and t.ttft_s is not None else None,
+        tpot_s=t.tpot_s if t is not None else None,
+        e2e_s=ev.ended_at - ev.created_at,
+        queue_s=t.nats_queue_s if t is not None else None,
+    )
+    return _flag(v.ttft_ok), _flag(v.tpot_ok), _flag(v.e2e_ok), int(v.met)
 
 
 def attempt_columns(evs: Sequence[AttemptEvent], catalog: Catalog, now: float | None = None) -> dict[str, list[Any]]:
@@ -271,7 +253,7 @@ def attempt_columns(evs: Sequence[AttemptEvent], catalog: Catalog, now: float | 
         _context(catalog, e.deployment, e.model, p.plan, r.slo_class if r and r.slo_class else None)
         for e, p, r in zip(evs, ps, rs, strict=True)
     ]
-    billing = [is_billing(e) for e in evs]
+    charges = [rules.charge_for(e) for e in evs]
     prompt = [u.prompt_tokens if u else 0 for u in us]
     completion = [u.completion_tokens if u else 0 for u in us]
     slo_ttft, slo_tpot, slo_e2e, slo_all = (
@@ -320,11 +302,11 @@ def attempt_columns(evs: Sequence[AttemptEvent], catalog: Catalog, now: float | 
         "prompt_tokens": prompt,
         "cached_tokens": [u.cached_tokens if u else None for u in us],
         "completion_tokens": completion,
-        # The gateway's cancel event carries delivered tokens only; the budget charged the
-        # reserved input estimate, which the event does not carry (None).
-        "billed_input_tokens": [(n if n > 0 else None) if b else 0 for n, b in zip(prompt, billing, strict=True)],
-        "billed_output_tokens": [n if b else 0 for n, b in zip(completion, billing, strict=True)],
-        "is_billing": [int(b) for b in billing],
+        # None: the budget charged the reserved input estimate, which the event does not carry
+        # (the gateway's cancel event carries delivered tokens only).
+        "billed_input_tokens": [c.input_tokens if c is not None else 0 for c in charges],
+        "billed_output_tokens": [c.output_tokens if c is not None else 0 for c in charges],
+        "is_billing": [int(c is not None) for c in charges],
         "nats_queue_s": [t.nats_queue_s if t else None for t in ts],
         "engine_queue_s": [t.engine_queue_s if t else None for t in ts],
         "ttft_s": [t.ttft_s if t else None for t in ts],

@@ -14,8 +14,6 @@ import logging
 import re
 from pathlib import Path
 
-from llmlab_common.settings import REPO_ROOT
-
 from llmlab_accounting.query import QueryResult, add_target_args, open_runner, service_up, to_markdown, write_csv
 
 log = logging.getLogger(__name__)
@@ -58,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_target_args(p)
-    p.add_argument("--sql-dir", type=Path, default=REPO_ROOT / "reports" / "sql")
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "reports" / "out")
+    p.add_argument("--sql-dir", type=Path, default=Path("reports") / "sql")
+    p.add_argument("--out", type=Path, default=Path("reports") / "out")
     args = p.parse_args(argv)
     if args.url is None and not args.dsn and service_up(DEFAULT_URL):
         args.url = DEFAULT_URL

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
-from llmlab_common.settings import REPO_ROOT, ServiceSettings
+from llmlab_common import rules
+from llmlab_common.settings import ServiceSettings
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 DEV_ADMIN_KEY = "sk-admin-dev"  # the same documented dev admin key as the budget's; refused when LLMLAB_ENV=prod
-DEV_ADMIN_KEY_SHA256 = hashlib.sha256(DEV_ADMIN_KEY.encode()).hexdigest()
-DEFAULT_DATA_DIR = REPO_ROOT / ".run" / "accounting" / "chdb"
+DEV_ADMIN_KEY_SHA256 = rules.hash_key(DEV_ADMIN_KEY)
+DEFAULT_DATA_DIR = Path(".run") / "accounting" / "chdb"
 
 
 class AccountingSettings(ServiceSettings):
@@ -53,7 +53,3 @@ class AccountingSettings(ServiceSettings):
     def _no_dev_admin_key_in_prod(self) -> AccountingSettings:
         self.refuse_default_secret("LLMLAB_ACCOUNTING_ADMIN_KEY_SHA256", self.admin_key_sha256, DEV_ADMIN_KEY_SHA256)
         return self
-
-    @property
-    def lock_path(self) -> Path:
-        return Path(self.data_dir) / "accounting.lock"

@@ -12,7 +12,6 @@ from llmlab_accounting.domain import (
     attempt_row,
     error_class,
     heartbeat_row,
-    is_billing,
     request_row,
 )
 from llmlab_common.catalog import Catalog
@@ -59,12 +58,12 @@ def test_client_disconnect_bills_delivered_tokens_and_the_worker_cancel_does_not
     gw = attempt_factory(
         outcome="cancelled", source="gateway", prompt=0, completion=7, error_code="client_disconnected"
     )
-    assert is_billing(gw)
     row = attempt_row(gw, catalog)
+    assert row["is_billing"] == 1
     # The budget charged its reserved input estimate, which the event does not carry.
     assert row["billed_input_tokens"] is None and row["billed_output_tokens"] == 7
     wk = attempt_factory(outcome="cancelled", source="worker", error_code="cancelled")
-    assert not is_billing(wk)
+    assert attempt_row(wk, catalog)["is_billing"] == 0
 
 
 def test_status_classes() -> None:

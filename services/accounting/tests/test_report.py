@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from llmlab_accounting.admin_api import admin_router, check_read_only, install_error_handlers
+from llmlab_accounting.admin_api import admin_router, check_read_only
 from llmlab_accounting.domain import attempt_row, request_row
 from llmlab_accounting.metrics import AccountingMetrics
 from llmlab_accounting.report import main as report_main
@@ -18,9 +18,9 @@ from llmlab_accounting.settings import DEV_ADMIN_KEY, AccountingSettings
 from llmlab_accounting.store import ClickHouseStore
 from llmlab_common.catalog import Catalog
 from llmlab_common.errors import InvalidRequest
+from llmlab_common.http import install_error_handlers
 from llmlab_common.messages import AttemptEvent, RequestEvent
 from llmlab_common.metrics import Metrics
-from llmlab_common.settings import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +52,7 @@ def test_every_report_runs_and_plots(
         store.close()
     out = tmp_path / "out"
     assert report_main(["--data-dir", str(data), "--out", str(out), "--url", ""]) == 0
-    sql_files = sorted((REPO_ROOT / "reports" / "sql").glob("*.sql"))
+    sql_files = sorted((Path(__file__).resolve().parents[3] / "reports" / "sql").glob("*.sql"))
     assert len(sql_files) >= 8
     for f in sql_files:
         lines = (out / f"{f.stem}.csv").read_text().splitlines()
@@ -77,7 +77,7 @@ def test_query_endpoint_needs_the_admin_key_and_refuses_writes(tmp_path: Path) -
     store.ensure_schema()
     try:
         app = FastAPI()
-        install_error_handlers(app)
+        install_error_handlers(app, "accounting service")
         app.include_router(admin_router(store, AccountingSettings()), prefix="/admin/v1")
         c = TestClient(app)
         body = {"sql": "SELECT count() AS n FROM attempts"}

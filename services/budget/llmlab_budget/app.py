@@ -10,13 +10,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from llmlab_common.catalog import load_catalog
+from llmlab_common.http import install_error_handlers
 from llmlab_common.metrics import Metrics
 from llmlab_common.natsio import connect, ensure_streams
 from llmlab_common.runtime import ServiceState, ops_router
 from llmlab_common.subjects import Topology
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from llmlab_budget.admin_api import admin_router, install_error_handlers
+from llmlab_budget.admin import AdminContext, mount_admin_api
 from llmlab_budget.directory import Directory
 from llmlab_budget.layout import Layout
 from llmlab_budget.ledger import Ledger
@@ -69,7 +70,7 @@ def create_app(settings: BudgetSettings) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.service_state = state
-    install_error_handlers(app)
+    install_error_handlers(app, "budget service")
     app.include_router(ops_router(state, metrics))
-    app.include_router(admin_router(directory, catalog, settings, redis, layout), prefix="/admin/v1")
+    mount_admin_api(app, AdminContext(directory, catalog, settings, redis, layout))
     return app

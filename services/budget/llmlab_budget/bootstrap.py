@@ -15,13 +15,13 @@ import os
 import sys
 from pathlib import Path
 
+from llmlab_common import rules
 from llmlab_common.catalog import load_catalog
 from llmlab_common.settings import InfraSettings
 from redis.asyncio import Redis
 
 from llmlab_budget.directory import Directory
 from llmlab_budget.layout import Layout
-from llmlab_budget.model import hash_key
 
 log = logging.getLogger("llmlab_budget.bootstrap")
 
@@ -34,7 +34,7 @@ async def bootstrap(
     try:
         directory = Directory(redis, Layout.for_namespace(infra.namespace), load_catalog(infra.catalog_path))
         if existing_key:
-            ident = await directory.identity_for_key_hash(hash_key(existing_key))
+            ident = await directory.identity_for_key_hash(rules.hash_key(existing_key))
             if ident is not None and not ident.revoked:
                 log.info("existing key still valid (tenant %s); nothing to do", ident.tenant_id)
                 return None

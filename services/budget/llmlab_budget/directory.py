@@ -9,7 +9,7 @@ scripts read the same keys, so the field names and encodings here are a contract
 - a limit override is a decimal string, or ``"unlimited"`` for an explicit ``None`` that beats a
   plan default; an absent field means "the plan's default".
 
-Plaintext keys are never stored: only their SHA-256 (:func:`llmlab_budget.model.hash_key`).
+Plaintext keys are never stored: only their SHA-256 (:func:`llmlab_common.rules.hash_key`).
 Nothing is ever deleted (revoked keys stay, so a revoked key is told apart from an unknown one),
 which is why existence checks followed by writes need no WATCH; the two read-modify-write
 operations on a key record (revoke, rotate) do use one.
@@ -25,14 +25,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from llmlab_common import rules
 from llmlab_common.catalog import SCOPES, Catalog, LimitSet, ScopeName
+from llmlab_common.codes import Code
 from llmlab_common.errors import InvalidRequest, NotFound
 from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from llmlab_budget.layout import Layout
-from llmlab_budget.model import DISPLAY_PREFIX_LEN, Identity, hash_key, new_api_key, new_id
+from llmlab_budget.model import DISPLAY_PREFIX_LEN, Identity, new_api_key, new_id
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +71,12 @@ return {key_id, rec, team_plan, tenant_plan}
 def not_found(scope: ScopeName, obj_id: str) -> NotFound:
     """The one 404 for an object, whether it does not exist or belongs to another tenant: the
     two must be indistinguishable to a tenant admin (no existence oracle)."""
-    return NotFound(f"No {scope} with id '{obj_id}'.", code=f"{scope}_not_found")
+    return NotFound(f"No {scope} with id '{obj_id}'.", code=Code(f"{scope}_not_found"))
 
 
 def parse_scope(scope: str) -> ScopeName:
     if scope not in SCOPES:
-        raise NotFound(f"Unknown scope '{scope}': expected one of {', '.join(SCOPES)}.", code="unknown_scope")
+        raise NotFound(f"Unknown scope '{scope}': expected one of {', '.join(SCOPES)}.", code=Code.UNKNOWN_SCOPE)
     return cast(ScopeName, scope)
 
 
@@ -93,7 +95,7 @@ def validate_overrides(limits: Mapping[str, object]) -> dict[str, int | None]:
             raise InvalidRequest(
                 f"Unknown limit '{field}': expected one of {', '.join(LIMIT_FIELDS)}.",
                 param=field,
-                code="unknown_parameter",
+                code=Code.UNKNOWN_PARAMETER,
             )
         if value == UNLIMITED:
             out[field] = None
@@ -102,13 +104,13 @@ def validate_overrides(limits: Mapping[str, object]) -> dict[str, int | None]:
             raise InvalidRequest(
                 f"Invalid value for '{field}': expected a whole number or \"{UNLIMITED}\".",
                 param=field,
-                code="invalid_value",
+                code=Code.INVALID_VALUE,
             )
         try:
             LimitSet.model_validate({field: value})
         except ValidationError as exc:
             msg = exc.errors()[0]["msg"]
-            raise InvalidRequest(f"Invalid value for '{field}': {msg}.", param=field, code="invalid_value") from exc
+            raise InvalidRequest(f"Invalid value for '{field}': {msg}.", param=field, code=Code.INVALID_VALUE) from exc
         out[field] = value
     return out
 
@@ -132,7 +134,7 @@ def _opt_int(value: str | None) -> int | None:
 
 def _name(name: str) -> str:
     if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME_LEN:
-        raise InvalidRequest(f"'name' must be 1 to {MAX_NAME_LEN} characters.", param="name", code="invalid_value")
+        raise InvalidRequest(f"'name' must be 1 to {MAX_NAME_LEN} characters.", param="name", code=Code.INVALID_VALUE)
     return name
 
 
@@ -217,7 +219,7 @@ class Directory:
             raise InvalidRequest(
                 f"Unknown plan '{plan}': expected one of {', '.join(self._catalog.plans)}.",
                 param="plan",
-                code="unknown_plan",
+                code=Code.UNKNOWN_PLAN,
             )
         return plan
 
@@ -371,7 +373,7 @@ class Directory:
             revoked_at=None,
             replaced_by=None,
         )
-        digest = hash_key(plaintext)
+        digest = rules.hash_key(plaintext)
         p.hset(
             self._l.key(rec.id),
             mapping={
@@ -434,7 +436,7 @@ class Directory:
             if _s(await p.hget(kkey, "revoked_at") or ""):
                 raise InvalidRequest(
                     f"Key '{key_id}' is revoked and cannot be rotated; create a new key instead.",
-                    code="key_revoked",
+                    code=Code.KEY_REVOKED,
                 )
             p.multi()
             new, plaintext = self._stage_new_key(p, user, old.name)
@@ -554,7 +556,7 @@ class Directory:
         await cast(
             Awaitable[Any],
             self._r.hset(
-                self._l.admin(hash_key(plaintext)),
+                self._l.admin(rules.hash_key(plaintext)),
                 mapping={"tenant_id": tenant_id, "name": rec.name, "created_at": rec.created_at},
             ),
         )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from dataclasses import dataclass
 
@@ -12,12 +11,6 @@ from llmlab_common.messages import Principal
 API_KEY_PREFIX = "sk-llm-"
 # Characters of a key shown in listings (never enough to use it: 43 random chars follow).
 DISPLAY_PREFIX_LEN = len(API_KEY_PREFIX) + 6
-
-
-def hash_key(api_key: str) -> str:
-    """Keys are stored only as this hash. A fast hash is right here: keys are 256-bit random,
-    so there is nothing to brute-force, and every request pays for it."""
-    return hashlib.sha256(api_key.encode()).hexdigest()
 
 
 def new_api_key() -> str:

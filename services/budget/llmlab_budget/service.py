@@ -2,10 +2,8 @@
 
 Imports neither NATS nor FastAPI; Redis is behind :class:`Ledger` and :class:`DirectoryPort`.
 
-Charging rule (README): a request pays once, for the attempt that answered (its input and
-output tokens as the engine counted them); failed attempts (retries, fallbacks) are not charged;
-a request the client cancels pays its (estimated) input plus the tokens delivered; a request that
-fails entirely pays nothing. Every attempt reuses the one reservation of its request.
+Settlement applies the charging rule of :func:`llmlab_common.rules.charge_for` (one definition,
+which accounting bills by too). Every attempt reuses the one reservation of its request.
 """
 
 from __future__ import annotations
@@ -17,7 +15,9 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 from zoneinfo import ZoneInfo
 
+from llmlab_common import rules
 from llmlab_common.catalog import Catalog, LimitSet, PlanBudget, ScopeName
+from llmlab_common.codes import Code
 from llmlab_common.errors import (
     AuthenticationFailed,
     InsufficientQuota,
@@ -122,7 +122,7 @@ class BudgetService:
         ident = resolved.identity
         if not req.reserve:
             if ident.revoked:
-                raise AuthenticationFailed("This API key has been revoked.", code="api_key_revoked")
+                raise AuthenticationFailed("This API key has been revoked.", code=Code.API_KEY_REVOKED)
             return ReserveReply(request_id=req.request_id, principal=ident.principal())
         policy = resolved.policy
         input_tokens = req.input_tokens + req.tool_tokens
@@ -161,18 +161,18 @@ class BudgetService:
         if r.status == "unknown_key":
             return AuthenticationFailed("Incorrect API key provided.")
         if r.status == "revoked":
-            return AuthenticationFailed("This API key has been revoked.", code="api_key_revoked")
+            return AuthenticationFailed("This API key has been revoked.", code=Code.API_KEY_REVOKED)
         if r.status == "input_cap":
             return InvalidRequest(
                 f"The prompt is about {input_tokens} tokens; the {who} allows {r.limit} input tokens per request.",
-                code="input_tokens_exceeded",
+                code=Code.INPUT_TOKENS_EXCEEDED,
                 param="messages",
             )
         if r.status == "concurrency":
             return RateLimited(
                 f"Too many requests in flight: the {who} allows {r.limit} at once.",
                 retry_after_s=1,
-                code="concurrency_limit_exceeded",
+                code=Code.CONCURRENCY_LIMIT_EXCEEDED,
             )
         if r.status == "rpm":
             return RateLimited(
@@ -184,7 +184,7 @@ class BudgetService:
                 f"Rate limit reached: the {who} allows {r.limit} tokens per minute; "
                 f"{r.available} output tokens are left this minute for a {input_tokens}-token prompt.",
                 retry_after_s=w.minute_ends_at - now,
-                code="tokens_per_minute_exceeded",
+                code=Code.TOKENS_PER_MINUTE_EXCEEDED,
             )
         ends = w.day_ends_at if r.window == "daily" else w.month_ends_at
         return InsufficientQuota(
@@ -196,19 +196,14 @@ class BudgetService:
 
     # -- settle --------------------------------------------------------------------------------
     async def settle_attempt(self, ev: AttemptEvent) -> Closed | None:
-        """Apply the charging rule to one attempt's event; None when it does not end the request."""
-        if ev.outcome == "completed" and ev.usage is not None:
-            inp = ev.usage.prompt_tokens if ev.usage.prompt_tokens > 0 else -1
-            return await self._close(ev.request_id, "settled", inp, ev.usage.completion_tokens, ev.ended_at)
-        if (
-            ev.outcome == "cancelled"
-            and ev.source == "gateway"
-            and ev.error is not None
-            and ev.error.code == "client_disconnected"
-        ):
-            delivered = ev.usage.completion_tokens if ev.usage else 0
-            return await self._close(ev.request_id, "settled", -1, delivered, ev.ended_at)
-        return None  # a failed attempt (retry, fallback): our cost, not the user's
+        """Apply the charging rule to one attempt's event; None when it does not end the request
+        (a failed attempt, a retry or fallback: our cost, not the user's)."""
+        charge = rules.charge_for(ev)
+        if charge is None:
+            return None
+        # -1: the ledger charges the input the reservation estimated.
+        inp = charge.input_tokens if charge.input_tokens is not None else -1
+        return await self._close(ev.request_id, "settled", inp, charge.output_tokens, ev.ended_at)
 
     async def settle_request(self, ev: RequestEvent) -> Closed:
         """A request that was refused or failed as a whole pays nothing."""

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
-
+from llmlab_common import rules
 from llmlab_common.settings import ServiceSettings
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 DEV_ADMIN_KEY = "sk-admin-dev"  # documented dev admin key; refused when LLMLAB_ENV=prod
-DEV_ADMIN_KEY_SHA256 = hashlib.sha256(DEV_ADMIN_KEY.encode()).hexdigest()
+DEV_ADMIN_KEY_SHA256 = rules.hash_key(DEV_ADMIN_KEY)
 
 
 class BudgetSettings(ServiceSettings):

@@ -7,8 +7,9 @@ import asyncio
 import contextlib
 import logging
 
-from llmlab_common.errors import RateLimited, ServiceUnavailable
-from llmlab_common.messages import AttemptEvent, ErrorInfo, RequestEvent, ReserveReply, ReserveRequest
+from llmlab_common.codes import Code
+from llmlab_common.errors import InvalidRequest, RateLimited, ServiceUnavailable
+from llmlab_common.messages import AttemptEvent, RequestEvent, ReserveReply, ReserveRequest
 from llmlab_common.subjects import Topology
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -85,7 +86,7 @@ class BudgetTransport:
         # task so reserves overlap (a semaphore the size of the Redis pool bounds them).
         if len(self._inflight) >= self.settings.max_pending_reserves:
             self.service.m.refusals.labels("overloaded").inc()
-            err = RateLimited("The budget service is overloaded; retry shortly.", retry_after_s=1, code="overloaded")
+            err = RateLimited("The budget service is overloaded; retry shortly.", retry_after_s=1, code=Code.OVERLOADED)
             reply = ReserveReply(request_id="", error=err.to_info(), retry_after_s=1)
             with contextlib.suppress(Exception):
                 await msg.respond(reply.model_dump_json(exclude_none=True).encode())
@@ -98,17 +99,15 @@ class BudgetTransport:
         try:
             req = ReserveRequest.model_validate_json(msg.data)
         except ValidationError as exc:
-            reply = ReserveReply(
-                request_id="",
-                error=ErrorInfo(status=400, type="invalid_request_error", code="bad_reserve", message=str(exc)[:300]),
-            )
+            bad = InvalidRequest(str(exc)[:300], code=Code.BAD_RESERVE)
+            reply = ReserveReply(request_id="", error=bad.to_info())
         else:
             try:
                 async with self._redis_slots:
                     reply = await self.service.reserve(req)
             except Exception:
                 log.exception("reserve failed")
-                err = ServiceUnavailable("The budget service cannot reach its store.", code="budget_unavailable")
+                err = ServiceUnavailable("The budget service cannot reach its store.", code=Code.BUDGET_UNAVAILABLE)
                 reply = ReserveReply(request_id=req.request_id, error=err.to_info())
         with contextlib.suppress(Exception):
             await msg.respond(reply.model_dump_json(exclude_none=True).encode())

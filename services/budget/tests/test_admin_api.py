@@ -14,13 +14,14 @@ from zoneinfo import ZoneInfo
 import httpx
 import pytest
 from fastapi import FastAPI
-from llmlab_budget.admin_api import admin_router, install_error_handlers
+from llmlab_budget.admin import AdminContext, mount_admin_api
 from llmlab_budget.directory import Directory
 from llmlab_budget.layout import Layout
-from llmlab_budget.model import hash_key
 from llmlab_budget.settings import BudgetSettings
 from llmlab_budget.windows import Windows
 from llmlab_common.catalog import load_catalog
+from llmlab_common.http import install_error_handlers
+from llmlab_common.rules import hash_key
 from redis.asyncio import Redis
 
 pytestmark = pytest.mark.integration
@@ -71,8 +72,8 @@ async def api() -> AsyncIterator[Api]:
     directory = Directory(redis, layout, CATALOG)
     settings = BudgetSettings(admin_key_sha256=hash_key(ROOT_KEY), timezone="UTC")
     app = FastAPI(title="budget admin (test)")
-    install_error_handlers(app)
-    app.include_router(admin_router(directory, CATALOG, settings, redis, layout, clock=lambda: NOW), prefix="/admin/v1")
+    install_error_handlers(app, "budget service")
+    mount_admin_api(app, AdminContext(directory, CATALOG, settings, redis, layout, clock=lambda: NOW))
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://budget.test") as client:
         yield Api(client, redis, layout, directory)

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from llmlab_budget.directory import ADMIN_KEY_PREFIX, Directory
 from llmlab_budget.layout import Layout
-from llmlab_budget.model import API_KEY_PREFIX, DISPLAY_PREFIX_LEN, effective_limits, hash_key
+from llmlab_budget.model import API_KEY_PREFIX, DISPLAY_PREFIX_LEN, effective_limits
 from llmlab_common.catalog import LimitSet, ScopeName, load_catalog
 from llmlab_common.errors import InvalidRequest, NotFound
+from llmlab_common.rules import hash_key
 from redis.asyncio import Redis
 
 pytestmark = pytest.mark.integration

@@ -18,8 +18,6 @@ from llmlab_testkit import contract
 from llmlab_testkit.contract import EngineUnderTest
 from llmlab_testkit.inproc import serve_in_loop
 from llmlab_testkit.procs import Stack, url
-from llmlab_twin import replay
-from llmlab_twin import trace as tr
 
 pytestmark = pytest.mark.integration
 
@@ -105,21 +103,6 @@ async def test_twin_preempts_when_the_kv_cache_is_small() -> None:
         await oai.close()
         m = await metrics(base)
         assert m["vllm:num_preemptions_total"] >= 1
-
-
-async def test_fixed_step_pins_the_itl_and_realtime_replay_records_it() -> None:
-    trace = tr.generate(mix="short-chat", count=6, rate=20, seed=2)
-    async with running_twin(fixed_step_ms=20, output_len=4096, model="m") as base:
-        rows, wall, _ = await replay.run_realtime(trace, base_url=base + "/v1", model="m")
-    assert all(r["ok"] for r in rows), rows
-    assert [r["output_tokens"] for r in sorted(rows, key=lambda r: r["id"])] == [
-        r.output_tokens for r in trace.requests
-    ]
-    itls = [x for r in rows for x in r["itls_s"]]
-    itls.sort()
-    assert 0.015 < itls[len(itls) // 2] < 0.03  # median chunk gap ~ the pinned 20 ms step
-    summary = replay.summarize_realtime(rows, wall, replay.load_slo_classes())
-    assert summary["simulated"] is False and summary["ok"] == 6
 
 
 def test_default_mode_is_still_fixed() -> None:

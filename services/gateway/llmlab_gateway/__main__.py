@@ -2,7 +2,7 @@
 
 from llmlab_common.runtime import serve
 
-from llmlab_gateway.api import create_app
+from llmlab_gateway.app import create_app
 from llmlab_gateway.settings import GatewaySettings
 
 if __name__ == "__main__":

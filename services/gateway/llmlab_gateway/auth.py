@@ -8,11 +8,11 @@ budgets) and :class:`llmlab_gateway.budget_client.BudgetAdmitter` implement it.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from dataclasses import dataclass
 from typing import Protocol
 
+from llmlab_common import rules
+from llmlab_common.codes import Code
 from llmlab_common.errors import AuthenticationFailed
 from llmlab_common.messages import Endpoint, Principal
 from llmlab_common.tokens import PromptEstimate
@@ -41,14 +41,9 @@ class Admitter(Protocol):
     async def admit(self, api_key: str | None, req: AdmissionRequest) -> Admission: ...
 
 
-def key_id(api_key: str) -> str:
-    """A stable, non-secret id for logs and events: a short prefix of the key's hash."""
-    return "key_" + hashlib.sha256(api_key.encode()).hexdigest()[:12]
-
-
 def require_key(api_key: str | None) -> str:
     if not api_key:
-        raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key")
+        raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.", code=Code.MISSING_API_KEY)
     return api_key
 
 
@@ -65,10 +60,9 @@ class StaticKeyAuthenticator:
         if not self._enabled:
             return Principal(plan=self._plan, key_id="anonymous")
         api_key = require_key(api_key)
-        digest = hashlib.sha256(api_key.encode()).hexdigest()
-        if not any(hmac.compare_digest(digest, h) for h in self._hashes):
+        if not any(rules.key_matches(api_key, h) for h in self._hashes):
             raise AuthenticationFailed("Incorrect API key provided.")
-        return Principal(key_id=key_id(api_key), plan=self._plan)
+        return Principal(key_id=rules.key_id(api_key), plan=self._plan)
 
     async def admit(self, api_key: str | None, req: AdmissionRequest) -> Admission:
         return Admission(await self.authenticate(api_key))

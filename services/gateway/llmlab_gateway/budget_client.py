@@ -3,10 +3,10 @@ reserve in one atomic step there). Fails closed: no budget service, no admission
 
 from __future__ import annotations
 
-import hashlib
-import secrets
-
+from llmlab_common import rules
+from llmlab_common.codes import Code
 from llmlab_common.errors import LLMLabError, ServiceUnavailable, error_from_info
+from llmlab_common.http import new_request_id
 from llmlab_common.messages import Principal, ReserveReply, ReserveRequest
 from llmlab_common.subjects import Topology
 from nats.aio.client import Client as NATS
@@ -23,13 +23,13 @@ class BudgetAdmitter:
         self.timeout_s = timeout_s
 
     async def authenticate(self, api_key: str | None) -> Principal:
-        sha = hashlib.sha256(require_key(api_key).encode()).hexdigest()
-        reply = await self._call(ReserveRequest(request_id=secrets.token_hex(12), key_sha256=sha, reserve=False))
+        sha = rules.hash_key(require_key(api_key))
+        reply = await self._call(ReserveRequest(request_id=new_request_id(), key_sha256=sha, reserve=False))
         assert reply.principal is not None
         return reply.principal
 
     async def admit(self, api_key: str | None, req: AdmissionRequest) -> Admission:
-        sha = hashlib.sha256(require_key(api_key).encode()).hexdigest()
+        sha = rules.hash_key(require_key(api_key))
         reply = await self._call(
             ReserveRequest(
                 request_id=req.request_id,
@@ -49,9 +49,11 @@ class BudgetAdmitter:
         try:
             msg = await self.nc.request(self.subject, req.model_dump_json().encode(), timeout=self.timeout_s)
         except NoRespondersError as exc:
-            raise ServiceUnavailable("The budget service is not running.", code="budget_unavailable") from exc
+            raise ServiceUnavailable("The budget service is not running.", code=Code.BUDGET_UNAVAILABLE) from exc
         except (NatsTimeout, TimeoutError) as exc:
-            raise ServiceUnavailable("The budget service did not answer in time.", code="budget_unavailable") from exc
+            raise ServiceUnavailable(
+                "The budget service did not answer in time.", code=Code.BUDGET_UNAVAILABLE
+            ) from exc
         reply = ReserveReply.model_validate_json(msg.data)
         if reply.error is not None:
             raise error_from_info(reply.error, reply.retry_after_s)

@@ -1,6 +1,8 @@
 """NATS side of the gateway: publishes attempts to JetStream, owns one wildcard subscription
-for every request's tokens, answers workers' "still wanted?" probes, tracks worker heartbeats
-and turns a vanished worker into :class:`WorkerLost` for the attempt it held."""
+for every request's tokens, answers workers' "still wanted?" probes, feeds worker heartbeats to
+the gateway's one worker registry (the routing library's :class:`LiveState`, which the embedded
+router decides on too) and turns a vanished worker into :class:`WorkerLost` for the attempt it
+held."""
 
 from __future__ import annotations
 
@@ -8,13 +10,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmlab_common.errors import PayloadTooLarge
 from llmlab_common.messages import (
-    HEARTBEAT_MISSES,
     STREAM_MESSAGE,
     AliveProbe,
     AliveReply,
@@ -30,6 +31,7 @@ from llmlab_common.messages import (
 )
 from llmlab_common.metrics import Metrics
 from llmlab_common.subjects import Topology, attempt_event_msg_id, attempt_msg_id, request_event_msg_id
+from llmlab_routing.state import LiveState
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -38,45 +40,6 @@ from pydantic import ValidationError
 from llmlab_gateway.service import AttemptMessage, StreamGap, WorkerLost
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _WorkerSeen:
-    hb: Heartbeat
-    expires_at: float
-
-
-class WorkerRegistry:
-    def __init__(self) -> None:
-        self.workers: dict[str, _WorkerSeen] = {}
-
-    def update(self, hb: Heartbeat) -> None:
-        self.workers[hb.worker_id] = _WorkerSeen(hb, time.monotonic() + HEARTBEAT_MISSES * hb.interval_s)
-
-    def alive(self, worker_id: str, instance_id: str = "") -> bool:
-        """Beating within its TTL, and, when ``instance_id`` is given, still the same process (one
-        restarted under the same id does not carry on its predecessor's attempts)."""
-        seen = self.workers.get(worker_id)
-        if seen is None or seen.expires_at <= time.monotonic():
-            return False
-        return not instance_id or not seen.hb.instance_id or seen.hb.instance_id == instance_id
-
-    def ttl(self, worker_id: str) -> float:
-        seen = self.workers.get(worker_id)
-        return HEARTBEAT_MISSES * (seen.hb.interval_s if seen else 1.0)
-
-    def live_ready(self, pool: str) -> int:
-        now = time.monotonic()
-        return sum(
-            1
-            for s in self.workers.values()
-            if s.hb.pool == pool and s.expires_at > now and s.hb.ready and not s.hb.draining
-        )
-
-    def prune(self) -> None:
-        now = time.monotonic()
-        for wid in [w for w, s in self.workers.items() if s.expires_at < now - 60]:
-            del self.workers[wid]
 
 
 @dataclass
@@ -120,6 +83,7 @@ class NatsDispatcher:
         js: JetStreamContext,
         topo: Topology,
         gateway_id: str,
+        registry: LiveState,
         metrics: Metrics,
         discovery_grace_s: float,
         sweep_interval_s: float,
@@ -128,10 +92,7 @@ class NatsDispatcher:
         self.js = js
         self.topo = topo
         self.gateway_id = gateway_id
-        self.registry = WorkerRegistry()
-        # Others in this process that want each heartbeat (the embedded router's live state):
-        # one subscription and one parse per heartbeat.
-        self.heartbeat_listeners: list[Callable[[Heartbeat], None]] = []
+        self.registry = registry
         self.inflight: dict[str, _Inflight] = {}
         self._started_at = time.monotonic()
         self._grace = discovery_grace_s
@@ -274,9 +235,7 @@ class NatsDispatcher:
         except ValidationError:
             log.warning("malformed heartbeat dropped from %s", msg.subject)
             return
-        self.registry.update(hb)
-        for listener in self.heartbeat_listeners:
-            listener(hb)
+        self.registry.on_heartbeat(hb)
 
     async def _sweep_loop(self) -> None:
         while True:
@@ -293,7 +252,6 @@ class NatsDispatcher:
                 if now - inf.last_msg_at > self.registry.ttl(wid):
                     inf.lost_reported = True
                     inf.queue.put_nowait(WorkerLost(inf.attempt, wid))
-            pools = {s.hb.pool for s in self.registry.workers.values()}
-            for pool in pools:
-                self.workers_gauge.labels(pool).set(self.registry.live_ready(pool))
-            self.registry.prune()
+            for pool in self.registry.pools():
+                self.workers_gauge.labels(pool).set(self.registry.live_ready(pool, now))
+            self.registry.prune(now)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
 from llmlab_common.catalog import Catalog, Deployment
+from llmlab_common.codes import Code
 from llmlab_common.errors import (
     EngineError,
     LLMLabError,
@@ -183,13 +184,13 @@ class OpenedStream:
         if isinstance(msg, WorkerLost):
             return EngineError(
                 f"worker {msg.worker_id} was lost mid-generation; the partial answer cannot be resumed",
-                code="worker_lost",
+                code=Code.WORKER_LOST,
             )
         if isinstance(msg, StreamGap):
             return EngineError(
-                f"token stream lost messages (expected {msg.expected}, got {msg.got})", code="stream_gap"
+                f"token stream lost messages (expected {msg.expected}, got {msg.got})", code=Code.STREAM_GAP
             )
-        return EngineError("protocol error: a second 'started' message in one attempt", code="stream_gap")
+        return EngineError("protocol error: a second 'started' message in one attempt", code=Code.STREAM_GAP)
 
 
 class CompletionService:
@@ -310,7 +311,7 @@ class CompletionService:
     async def _route(self, ctx: CallContext) -> RouteReply:
         query = self.route_query(ctx)
         reply = await self.router.route(query)
-        if reply.error is not None and reply.error.code == "no_workers":
+        if reply.error is not None and reply.error.code == Code.NO_WORKERS:
             # Just started: heartbeats may not have arrived yet. Wait out discovery once.
             await self.dispatcher.wait_discovery()
             reply = await self.router.route(query)
@@ -369,7 +370,7 @@ class CompletionService:
             log.warning("attempt %d failed before the first token (%s); trying the next route", attempt, err.message)
         raise ServiceUnavailable(
             f"All {len(targets)} routes failed before the first token: " + "; ".join(failures),
-            code="all_routes_failed",
+            code=Code.ALL_ROUTES_FAILED,
         )
 
     async def _await_first_token(
@@ -385,18 +386,18 @@ class CompletionService:
             # Nobody took it in time: tell workers to drop it if they take it later (its start
             # deadline says the same). A first choice answers 429 so the client backs off; a
             # fallback gives way to the next target of the chain.
-            self.dispatcher.cancel(req.request_id, req.attempt, "queue_timeout")
+            self.dispatcher.cancel(req.request_id, req.attempt, Code.QUEUE_TIMEOUT)
             self._gateway_attempt_event(ctx, req, route_dep, "abandoned", None, "queue wait exceeded")
             if req.attempt > 1:
-                err = EngineError(
-                    f"attempt {req.attempt}: no worker took it in {queue_timeout:.1f}s", code="queue_timeout"
+                return None, EngineError(
+                    f"attempt {req.attempt}: no worker took it in {queue_timeout:.1f}s",
+                    code=Code.QUEUE_TIMEOUT,
+                    retryable=True,
                 )
-                err.retryable = True
-                return None, err
             raise RateLimited(
                 f"No capacity for '{route_dep.model}' within {queue_timeout:.1f}s (all workers busy); retry later.",
                 retry_after_s=queue_timeout,
-                code="queue_timeout",
+                code=Code.QUEUE_TIMEOUT,
             )
         worker_id = None
         if isinstance(msg, StreamStarted):
@@ -405,18 +406,14 @@ class CompletionService:
         if isinstance(msg, TokenChunk | StreamEnd):
             return OpenedStream(ctx, route_dep, handle, msg, self.settings.stream_idle_timeout_s), None
         if isinstance(msg, StreamError):
-            err = error_from_info(msg.error)
-            err.retryable = msg.retryable
-            return None, err
+            return None, error_from_info(msg.error, retryable=msg.retryable)
         # Worker lost, timed out or the stream broke before the first token: retry elsewhere.
-        self.dispatcher.cancel(req.request_id, req.attempt, "retry")
+        self.dispatcher.cancel(req.request_id, req.attempt, Code.RETRY)
         why = "worker lost" if isinstance(msg, WorkerLost) else "no first token in time"
         self._gateway_attempt_event(
             ctx, req, route_dep, "worker_lost" if isinstance(msg, WorkerLost) else "abandoned", worker_id, why
         )
-        err = EngineError(f"attempt {req.attempt}: {why}", code="worker_lost")
-        err.retryable = True
-        return None, err
+        return None, EngineError(f"attempt {req.attempt}: {why}", code=Code.WORKER_LOST, retryable=True)
 
     def _gateway_attempt_event(
         self,
@@ -452,7 +449,7 @@ class CompletionService:
         A client that went away mid-answer is recorded as the answering attempt's cancellation,
         with the tokens delivered so far: the budget charges the request by that event."""
         if opened is not None and not opened.finished:
-            reason = "client_disconnected" if client_gone else "gateway_abort"
+            reason = Code.CLIENT_DISCONNECTED if client_gone else Code.GATEWAY_ABORT
             self.dispatcher.cancel(ctx.request_id, None, reason)
             if client_gone:
                 self.dispatcher.record_attempt(

@@ -1,16 +1,16 @@
 from __future__ import annotations
 
-import hashlib
 import secrets
 from pathlib import Path
 from typing import Literal
 
-from llmlab_common.settings import REPO_ROOT, ServiceSettings
+from llmlab_common import rules
+from llmlab_common.settings import ServiceSettings
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 DEV_API_KEY = "sk-llmlab-dev"  # documented dev key; refused when LLMLAB_ENV=prod
-DEV_API_KEY_SHA256 = hashlib.sha256(DEV_API_KEY.encode()).hexdigest()
+DEV_API_KEY_SHA256 = rules.hash_key(DEV_API_KEY)
 
 
 class GatewaySettings(ServiceSettings):
@@ -44,7 +44,7 @@ class GatewaySettings(ServiceSettings):
     router: Literal["service", "embedded"] = "service"
     router_timeout_s: float = Field(default=0.25, gt=0)
     # Decisions made in this process (embedded mode, or when the router service is down).
-    decision_log: Path | None = REPO_ROOT / ".run" / "gateway-decisions.jsonl"
+    decision_log: Path | None = Path(".run") / "gateway-decisions.jsonl"
     catalog_reload_interval_s: float = Field(default=2.0, gt=0)
     # Before any heartbeat can have arrived, do not answer 503 "no workers".
     worker_discovery_grace_s: float = 2.0

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from llmlab_gateway.api import _validation_error
+from llmlab_common.errors import invalid_request
 from llmlab_gateway.schemas import ChatCompletionRequest, CompletionRequest
 from pydantic import ValidationError
 
@@ -25,14 +25,14 @@ MSG = [{"role": "user", "content": "hi"}]
 def test_invalid_chat_bodies_name_the_param(body: dict[str, object], param: str) -> None:
     with pytest.raises(ValidationError) as exc:
         ChatCompletionRequest.model_validate(body)
-    err = _validation_error(exc.value)
+    err = invalid_request(exc.value.errors())
     assert err.status == 400 and err.param is not None and err.param.startswith(param)
 
 
 def test_n_greater_than_one_says_why() -> None:
     with pytest.raises(ValidationError) as exc:
         ChatCompletionRequest.model_validate({"model": "m", "messages": MSG, "n": 3})
-    assert "only n=1" in _validation_error(exc.value).message
+    assert "only n=1" in invalid_request(exc.value.errors()).message
 
 
 def test_max_completion_tokens_wins_and_unknown_fields_are_ignored() -> None:

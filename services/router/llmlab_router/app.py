@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI
 from llmlab_common.metrics import Metrics
 from llmlab_common.natsio import connect, ensure_streams
-from llmlab_common.runtime import ServiceState, ops_router
+from llmlab_common.runtime import ServiceState, cancel_and_wait, ops_router
 from llmlab_common.subjects import Topology
 from llmlab_routing.config import CatalogHolder, watch_catalog
 from llmlab_routing.core import RouterCore
@@ -56,7 +56,7 @@ def create_app(settings: RouterSettings) -> FastAPI:
             reloader = asyncio.create_task(
                 watch_catalog(holder, settings.reload_interval_s, rm.reloaded), name="catalog-reload"
             )
-            stack.push_async_callback(_cancel, reloader)
+            stack.push_async_callback(cancel_and_wait, reloader)
             state.checks["nats"] = lambda: nc.is_connected
             started = asyncio.get_running_loop().time()
             state.checks["workers_discovered"] = lambda: (
@@ -89,9 +89,3 @@ def create_app(settings: RouterSettings) -> FastAPI:
         }
 
     return app
-
-
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task

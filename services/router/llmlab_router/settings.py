@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmlab_common.settings import REPO_ROOT, ServiceSettings
+from llmlab_common.settings import ServiceSettings
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -14,7 +14,7 @@ class RouterSettings(ServiceSettings):
 
     port: int = 8087
     # One JSON line per decision (inputs, verdicts, scores, chain, seed): `router explain` reads it.
-    decision_log: Path | None = REPO_ROOT / ".run" / "router-decisions.jsonl"
+    decision_log: Path | None = Path(".run") / "router-decisions.jsonl"
     decision_log_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
     # The catalog file is checked this often; a changed file is reloaded if valid, else the last
     # good catalog stays (the error is logged and shown on /admin/catalog).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from llmlab_common.codes import Code
 from llmlab_common.errors import InvalidRequest
 from llmlab_common.messages import RouteQuery, RouteReply
 from llmlab_common.subjects import Topology
@@ -37,7 +38,7 @@ class RouteResponder:
         try:
             q = RouteQuery.model_validate_json(msg.data)
         except ValidationError as exc:
-            err = InvalidRequest(f"malformed route query: {exc.error_count()} error(s)", code="invalid_route_query")
+            err = InvalidRequest(f"malformed route query: {exc.error_count()} error(s)", code=Code.INVALID_ROUTE_QUERY)
             await msg.respond(RouteReply(request_id="", error=err.to_info()).model_dump_json().encode())
             return
         with self.m.decision_seconds.time():

@@ -1,0 +1,68 @@
+"""OpenAI's error shape for every web app of the project, installed by one call.
+
+:func:`install_error_handlers` makes a FastAPI app answer each error as
+``{"error": {"message", "type", "param", "code"}}`` with the error's status and headers: the
+project's :class:`~llmlab_common.errors.LLMLabError`, FastAPI's body validation, the framework's
+own 404/405 (and any other status it raises), and anything unexpected (a logged 500).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from llmlab_common.errors import HttpError, LLMLabError, MethodNotAllowed, NotFound, invalid_request
+from llmlab_common.logging import request_id_var
+
+log = logging.getLogger(__name__)
+
+
+def new_request_id() -> str:
+    return secrets.token_hex(12)
+
+
+def error_response(err: LLMLabError, request_id: str | None = None) -> JSONResponse:
+    """The error as a response; ``request_id`` (when given) goes out as ``X-Request-Id``."""
+    headers = dict(err.headers)
+    if request_id is not None:
+        headers["X-Request-Id"] = request_id
+    return JSONResponse(err.to_openai(), status_code=err.status, headers=headers or None)
+
+
+def install_error_handlers(app: FastAPI, service: str, *, request_ids: bool = False) -> None:
+    """Answer every error of ``app`` in OpenAI's shape. With ``request_ids`` every error also
+    carries ``X-Request-Id``: the request's own (set in the logging context when it was accepted),
+    else a new one, as the gateway's responses do."""
+
+    def respond(err: LLMLabError) -> JSONResponse:
+        return error_response(err, (request_id_var.get() or new_request_id()) if request_ids else None)
+
+    @app.exception_handler(LLMLabError)
+    async def _on_error(request: Request, exc: LLMLabError) -> JSONResponse:
+        return respond(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return respond(invalid_request(exc.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers or {})
+        err: LLMLabError
+        if exc.status_code == 404:
+            err = NotFound(f"Unknown path {request.url.path}")
+        elif exc.status_code == 405:
+            err = MethodNotAllowed(f"Method {request.method} not allowed on {request.url.path}", headers=headers)
+        else:
+            err = HttpError(exc.status_code, str(exc.detail), headers=headers)
+        return respond(err)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return respond(LLMLabError(f"Internal error; see the {service} logs."))

@@ -1,0 +1,96 @@
+"""The cross-service rules, each against expectations written out by hand (pure unit tests)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+from llmlab_common import rules
+from llmlab_common.codes import Code
+from llmlab_common.messages import AttemptEvent, ErrorInfo, Principal, Usage
+
+pytestmark = pytest.mark.unit
+
+
+def event(outcome: str, source: str = "worker", prompt: int = 10, completion: int = 20, **kw: Any) -> AttemptEvent:
+    fields: dict[str, Any] = {
+        "request_id": "r",
+        "attempt": 1,
+        "outcome": outcome,
+        "source": source,
+        "pool": "p",
+        "deployment": "d",
+        "model": "m",
+        "endpoint": "chat",
+        "principal": Principal(),
+        "usage": Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion),
+        "created_at": 0.0,
+        "ended_at": 1.0,
+    }
+    return AttemptEvent(**(fields | kw))
+
+
+def test_keys_are_compared_by_their_sha256_only() -> None:
+    key = "sk-llm-example"
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    assert rules.hash_key(key) == digest
+    assert rules.key_matches(key, digest) and rules.key_matches(key, digest.upper())
+    assert not rules.key_matches(key + "x", digest)
+    assert rules.key_id(key) == "key_" + digest[:12]
+
+
+def test_the_answering_attempt_pays_engine_counts_and_failures_pay_nothing() -> None:
+    assert rules.charge_for(event("completed", prompt=100, completion=7)) == (100, 7)
+    # No engine prompt count (0): the reservation's estimate is charged.
+    assert rules.charge_for(event("completed", prompt=0, completion=7)) == (None, 7)
+    for outcome in ("engine_error", "worker_lost", "abandoned", "expired", "stale"):
+        assert rules.charge_for(event(outcome, source="gateway")) is None
+    assert rules.charge_for(event("completed", usage=None)) is None
+
+
+def test_a_client_that_leaves_pays_its_estimated_input_and_what_it_received() -> None:
+    gone = ErrorInfo(status=499, type="client", code=Code.CLIENT_DISCONNECTED, message="")
+    assert rules.charge_for(event("cancelled", "gateway", prompt=0, completion=5, error=gone)) == (None, 5)
+    # The worker's own cancellation (the gateway cancelled a retried attempt) is not the charge.
+    assert rules.charge_for(event("cancelled", "worker", error=gone)) is None
+    retry = ErrorInfo(status=499, type="client", code=Code.RETRY, message="")
+    assert rules.charge_for(event("cancelled", "gateway", error=retry)) is None
+
+
+def test_failed_outcomes_are_the_deployment_failures() -> None:
+    assert {o for o in ("completed", "cancelled", "expired", "stale") if rules.attempt_failed(o)} == set()  # type: ignore[arg-type]
+    assert all(rules.attempt_failed(o) for o in ("engine_error", "worker_lost", "abandoned"))
+
+
+@pytest.mark.parametrize(
+    ("status", "type_", "code", "refused"),
+    [
+        (429, "insufficient_quota", Code.INSUFFICIENT_QUOTA, True),
+        (429, "rate_limit_error", Code.RATE_LIMIT_EXCEEDED, True),
+        (429, "rate_limit_error", Code.TOKENS_PER_MINUTE_EXCEEDED, True),
+        (429, "rate_limit_error", Code.CONCURRENCY_LIMIT_EXCEEDED, True),
+        (400, "invalid_request_error", Code.INPUT_TOKENS_EXCEEDED, True),
+        (429, "rate_limit_error", Code.QUEUE_TIMEOUT, False),  # the gateway's, not the budget's
+        (429, "rate_limit_error", Code.OVERLOADED, False),  # the budget shedding load is no budget verdict
+        (401, "authentication_error", Code.API_KEY_REVOKED, False),
+    ],
+)
+def test_budget_refusals(status: int, type_: str, code: str, refused: bool) -> None:
+    assert rules.is_budget_refusal(ErrorInfo(status=status, type=type_, code=code, message="")) is refused
+
+
+def test_slo_verdict() -> None:
+    interactive = rules.SloLimits(ttft_s=1.0, tpot_s=0.1, queue_s=10.0)
+    ok = rules.slo_verdict(interactive, answered=True, ttft_s=0.9, tpot_s=0.05, e2e_s=30.0, queue_s=0.2)
+    assert ok == (True, True, None, True, True)
+    slow = rules.slo_verdict(interactive, answered=True, ttft_s=1.2, tpot_s=0.05, e2e_s=3.0)
+    assert slow.ttft_ok is False and not slow.met
+    # A one-token answer has no TPOT: nothing fails on a missing figure.
+    assert rules.slo_verdict(interactive, answered=True, ttft_s=0.5, tpot_s=None, e2e_s=0.5).met
+    # An unanswered request never meets an SLO, however fast it failed.
+    assert not rules.slo_verdict(interactive, answered=False, ttft_s=0.1, tpot_s=0.01, e2e_s=0.1).met
+    waited = rules.slo_verdict(
+        rules.SloLimits(e2e_s=60.0, queue_s=5.0), answered=True, ttft_s=None, tpot_s=None, e2e_s=9.0, queue_s=6.0
+    )
+    assert waited.queue_ok is False and not waited.met

@@ -1,0 +1,111 @@
+"""The gateway process: the FastAPI app and the lifespan that opens (and, in reverse order,
+closes) what the routes need. A start-up that fails half way closes what it had opened."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from llmlab_common.http import install_error_handlers
+from llmlab_common.metrics import Metrics
+from llmlab_common.natsio import connect, ensure_streams
+from llmlab_common.runtime import ServiceState, cancel_and_wait, ops_router
+from llmlab_common.subjects import Topology
+from llmlab_routing.config import CatalogHolder, watch_catalog
+from llmlab_routing.core import RouterCore
+from llmlab_routing.feed import LiveFeed
+from llmlab_routing.records import DecisionLog
+from llmlab_routing.state import LiveState
+from nats.aio.client import Client as NATS
+
+from llmlab_gateway.auth import Admitter, StaticKeyAuthenticator
+from llmlab_gateway.budget_client import BudgetAdmitter
+from llmlab_gateway.deps import Gateway
+from llmlab_gateway.dispatch import NatsDispatcher
+from llmlab_gateway.metrics import GatewayMetrics
+from llmlab_gateway.routes import router as openai_routes
+from llmlab_gateway.routing import EmbeddedRouter, RemoteRouter, Router
+from llmlab_gateway.service import CompletionService
+from llmlab_gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    metrics = Metrics("llmlab")
+    gm = GatewayMetrics(metrics)
+    state = ServiceState()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            holder = CatalogHolder(settings.infra.catalog_path)
+            topo = Topology(settings.infra.namespace)
+            nc = await connect(settings.infra.nats_url, f"gateway-{settings.gateway_id}")
+            stack.push_async_callback(_drain, nc)
+            js = nc.jetstream()
+            await ensure_streams(js, topo)
+            # One worker registry: heartbeats decide both liveness (here) and routing (the core).
+            live = LiveState()
+            dispatcher = NatsDispatcher(
+                nc,
+                js,
+                topo,
+                settings.gateway_id,
+                live,
+                metrics,
+                settings.worker_discovery_grace_s,
+                settings.worker_sweep_interval_s,
+            )
+            await dispatcher.start()
+            stack.push_async_callback(dispatcher.stop)
+            feed = LiveFeed(nc, js, topo, live, heartbeats=False)  # the dispatcher feeds heartbeats
+            await feed.start()
+            stack.push_async_callback(feed.stop)
+            dlog = DecisionLog(settings.decision_log) if settings.decision_log is not None else None
+            if dlog is not None:
+                stack.callback(dlog.close)
+            embedded = EmbeddedRouter(RouterCore(holder, live, dlog))
+            router: Router = (
+                embedded
+                if settings.router == "embedded"
+                else RemoteRouter(nc, topo, settings.router_timeout_s, embedded, gm.router_degraded)
+            )
+            reloader = asyncio.create_task(
+                watch_catalog(holder, settings.catalog_reload_interval_s), name="catalog-reload"
+            )
+            stack.push_async_callback(cancel_and_wait, reloader)
+            admitter: Admitter = (
+                StaticKeyAuthenticator(settings.api_key_sha256, settings.dev_plan, settings.auth_enabled)
+                if settings.auth == "static"
+                else BudgetAdmitter(nc, topo, settings.budget_timeout_s)
+            )
+            app.state.gateway = Gateway(
+                settings, holder, admitter, CompletionService(settings, holder, router, dispatcher), gm
+            )
+            state.checks["nats"] = lambda: nc.is_connected
+            state.checks["workers_discovered"] = dispatcher.discovery_done
+            log.info(
+                "gateway %s up on %s:%d (namespace %s)",
+                settings.gateway_id,
+                settings.host,
+                settings.port,
+                settings.infra.namespace,
+            )
+            yield
+
+    app = FastAPI(title="llm-inference-lab gateway", lifespan=lifespan)
+    app.state.service_state = state
+    install_error_handlers(app, "gateway", request_ids=True)
+    app.include_router(ops_router(state, metrics))
+    app.include_router(openai_routes)
+    return app
+
+
+async def _drain(nc: NATS) -> None:
+    with contextlib.suppress(Exception):
+        await nc.drain()

@@ -1,0 +1,89 @@
+"""What the gateway's routes depend on: the resources its lifespan opened (:class:`Gateway`, a
+FastAPI dependency) and the small readers of the HTTP request (API key, routing headers, body
+with its size limit). Every reader raises :class:`~llmlab_common.errors.LLMLabError`s, which the
+routes record before answering."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from llmlab_common.codes import Code
+from llmlab_common.errors import InvalidRequest, PayloadTooLarge
+from llmlab_routing.config import CatalogHolder
+
+from llmlab_gateway.auth import Admitter
+from llmlab_gateway.metrics import GatewayMetrics
+from llmlab_gateway.service import CompletionService, RouteHints
+from llmlab_gateway.settings import GatewaySettings
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """Everything a route needs, opened by the app's lifespan."""
+
+    settings: GatewaySettings
+    holder: CatalogHolder
+    admitter: Admitter
+    service: CompletionService
+    metrics: GatewayMetrics
+
+    def require_model(self, name: str) -> None:
+        """404 unless a deployment serves the name or it is a routing alias (auto, fast, cheap, best)."""
+        current = self.holder.current
+        if name not in current.routing.aliases:
+            current.catalog.require(name)
+
+
+def _gateway(request: Request) -> Gateway:
+    gw: Gateway = request.app.state.gateway
+    return gw
+
+
+GatewayDep = Annotated[Gateway, Depends(_gateway)]
+
+
+def bearer_key(request: Request) -> str | None:
+    header = request.headers.get("authorization")
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _float_header(request: Request, name: str, lo: float, hi: float) -> float | None:
+    raw = request.headers.get(name)
+    if raw is None:
+        return None
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not lo <= v <= hi:
+        raise InvalidRequest(f"Header {name} must be a number in [{lo}, {hi}], got {raw!r}.", code=Code.INVALID_HEADER)
+    return v
+
+
+def route_hints(request: Request) -> RouteHints:
+    """Optional per-request routing constraints; they can only tighten the plan's."""
+    return RouteHints(
+        slo_class=request.headers.get("x-llmlab-slo-class"),
+        quality_floor=_float_header(request, "x-llmlab-quality-floor", 0.0, 1.0),
+        max_cost_usd=_float_header(request, "x-llmlab-max-cost-usd", 1e-12, 1e6),
+        policy=request.headers.get("x-llmlab-route-policy"),
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"Request body of {declared} bytes exceeds the limit of {limit} bytes.")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,258 @@
+"""A completion's HTTP side: the request in (body, key, routing headers), the answer out as
+server-sent events or as one JSON body, with the gateway's metrics. The work in between
+(admission, routing, attempts and retries) is :class:`~llmlab_gateway.service.CompletionService`'s;
+the two completion routes (:mod:`llmlab_gateway.routes`) call :func:`handle_completion`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from llmlab_common import openai_wire as wire
+from llmlab_common.codes import Code
+from llmlab_common.errors import EngineError, InvalidRequest, LLMLabError, invalid_request
+from llmlab_common.http import error_response, new_request_id
+from llmlab_common.logging import request_id_var
+from llmlab_common.messages import Endpoint, Principal, StreamEnd, TokenChunk
+from pydantic import ValidationError
+
+from llmlab_gateway.auth import AdmissionRequest, require_key
+from llmlab_gateway.deps import Gateway, bearer_key, read_body, route_hints
+from llmlab_gateway.metrics import GatewayMetrics
+from llmlab_gateway.schemas import ChatCompletionRequest, CompletionRequest
+from llmlab_gateway.service import CallContext, CompletionService, OpenedStream, estimate_prompt
+
+log = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -> Response:
+    """One completion request: read and validate the body, admit it (key and budget), open the
+    answer through the router's chain, then relay it as SSE or as one JSON body. Every refusal
+    is counted and recorded as a request event before the OpenAI-shaped error goes out."""
+    request_id = new_request_id()
+    request_id_var.set(request_id)
+    service, settings, gm = gw.service, gw.settings, gw.metrics
+    created_at = time.time()
+    model_label = "unknown"
+    principal: Principal | None = None
+    model: str | None = None
+    try:
+        api_key = require_key(bearer_key(request))
+        raw = await read_body(request, settings.max_body_bytes)
+        try:
+            payload = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidRequest(f"Request body is not valid JSON: {exc}", code=Code.INVALID_JSON) from exc
+        if not isinstance(payload, dict):
+            raise InvalidRequest("Request body must be a JSON object.", code=Code.INVALID_JSON)
+        model = payload.get("model") if isinstance(payload.get("model"), str) else None
+        try:
+            body: ChatCompletionRequest | CompletionRequest = (
+                ChatCompletionRequest.model_validate(payload)
+                if endpoint == "chat"
+                else CompletionRequest.model_validate(payload)
+            )
+        except ValidationError as exc:
+            raise invalid_request(exc.errors()) from exc
+        gw.require_model(body.model)
+        hints = route_hints(request)
+        # Authenticate and reserve (budget) before routing: over-budget work never reaches a worker.
+        admission = await gw.admitter.admit(
+            api_key,
+            AdmissionRequest(
+                request_id=request_id,
+                endpoint=endpoint,
+                model=body.model,
+                prompt=estimate_prompt(body),
+                requested_max_tokens=body.requested_max_tokens(),
+                deadline=created_at + settings.request_timeout_s,
+            ),
+        )
+        principal = admission.principal
+        ctx = CallContext(request_id, endpoint, body, principal, created_at, admission.max_tokens, hints)
+        opened = await service.open(ctx)
+    except LLMLabError as err:
+        found = gw.holder.current.catalog.resolve(model) if model is not None else []
+        if found:
+            model_label = found[0].model
+        gm.requests.labels(endpoint, model_label, str(err.status)).inc()
+        log.info("refused %s: %d %s", endpoint, err.status, err.message)
+        service.record_failure(request_id, err, created_at, model, principal)
+        return error_response(err, request_id)
+    model_label = opened.deployment.model
+    gm.ttft.labels(model_label).observe(time.time() - created_at)
+    if opened.attempts > 1:
+        gm.attempts.labels(model_label).inc(opened.attempts - 1)
+    headers = {"X-Request-Id": request_id, "X-LLMLab-Deployment": opened.deployment.id}
+    if opened.route is not None:
+        headers["X-LLMLab-Route-Policy"] = opened.route.policy
+    if opened.attempts > 1:
+        headers["X-LLMLab-Attempts"] = str(opened.attempts)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(
+            _sse(service, opened, ctx, include_usage, gm),
+            media_type="text/event-stream",
+            headers={**headers, **SSE_HEADERS},
+        )
+    return await _unary(request, service, opened, ctx, gm, headers)
+
+
+async def _sse(
+    service: CompletionService, opened: OpenedStream, ctx: CallContext, include_usage: bool, gm: GatewayMetrics
+) -> AsyncIterator[bytes]:
+    endpoint, model = ctx.endpoint, opened.deployment.model
+    oid, created = wire.object_id(endpoint, ctx.request_id), int(ctx.created_at)
+    status = "200"
+    client_gone = True  # until proven otherwise: a cancelled generator means the client left
+    gm.in_flight.inc()
+    try:
+        if endpoint == "chat":
+            yield wire.sse(
+                wire.chunk(endpoint, oid, created, model, role="assistant", text="", include_usage_field=include_usage)
+            )
+        content = wire.ContentChunkEncoder(endpoint, oid, created, model, include_usage)
+        async for batch in opened.batches():
+            yield b"".join(_frames(batch, content, endpoint, oid, created, model, include_usage, gm))
+        yield wire.SSE_DONE
+        client_gone = False
+    except LLMLabError as err:
+        # Headers are sent: report in-band as OpenAI does, then end the stream.
+        status = str(err.status)
+        log.warning("stream ended with error: %s", err.message)
+        service.record_failure(ctx.request_id, err, ctx.created_at, ctx.body.model, ctx.principal)
+        yield wire.sse(err.to_openai())
+        yield wire.SSE_DONE
+        client_gone = False
+    finally:
+        gm.in_flight.dec()
+        gm.requests.labels(endpoint, model, "499" if client_gone else status).inc()
+        gm.e2e.labels(model).observe(time.time() - ctx.created_at)
+        service.close(opened, ctx, client_gone)
+
+
+def _frames(
+    batch: list[TokenChunk | StreamEnd],
+    content: wire.ContentChunkEncoder,
+    endpoint: Endpoint,
+    oid: str,
+    created: int,
+    model: str,
+    include_usage: bool,
+    gm: GatewayMetrics,
+) -> list[bytes]:
+    out: list[bytes] = []
+    for m in batch:
+        if isinstance(m, TokenChunk) and not m.tool_calls:
+            out.append(content.encode(m.text))
+        elif isinstance(m, TokenChunk):
+            out.append(
+                wire.sse(
+                    wire.chunk(
+                        endpoint,
+                        oid,
+                        created,
+                        model,
+                        text=m.text,
+                        tool_calls=m.tool_calls,
+                        include_usage_field=include_usage,
+                    )
+                )
+            )
+        else:
+            gm.tokens.labels(model).inc(m.usage.completion_tokens)
+            out.append(
+                wire.sse(
+                    wire.chunk(
+                        endpoint,
+                        oid,
+                        created,
+                        model,
+                        text="" if endpoint == "completions" else None,
+                        finish_reason=m.finish_reason,
+                        include_usage_field=include_usage,
+                    )
+                )
+            )
+            if include_usage:
+                out.append(wire.sse(wire.chunk(endpoint, oid, created, model, usage=m.usage)))
+    return out
+
+
+async def _unary(
+    request: Request,
+    service: CompletionService,
+    opened: OpenedStream,
+    ctx: CallContext,
+    gm: GatewayMetrics,
+    headers: dict[str, str],
+) -> Response:
+    model = opened.deployment.model
+    gm.in_flight.inc()
+    client_gone = False
+    collect = asyncio.ensure_future(_collect(opened))
+    watch = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({collect, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if collect not in done:
+            client_gone = True
+            collect.cancel()
+            opened.delivered_tokens = 0  # collected for a body the client never received
+            gm.requests.labels(ctx.endpoint, model, "499").inc()
+            return Response(status_code=499)
+        try:
+            text, tools, end = collect.result()
+        except LLMLabError as err:
+            gm.requests.labels(ctx.endpoint, model, str(err.status)).inc()
+            service.record_failure(ctx.request_id, err, ctx.created_at, ctx.body.model, ctx.principal)
+            return error_response(err, ctx.request_id)
+        gm.tokens.labels(model).inc(end.usage.completion_tokens)
+        gm.requests.labels(ctx.endpoint, model, "200").inc()
+        body = wire.completion(
+            ctx.endpoint,
+            wire.object_id(ctx.endpoint, ctx.request_id),
+            int(ctx.created_at),
+            model,
+            text=text,
+            finish_reason=end.finish_reason,
+            usage=end.usage,
+            tool_calls=tools or None,
+        )
+        return JSONResponse(body, headers=headers)
+    finally:
+        watch.cancel()
+        gm.in_flight.dec()
+        gm.e2e.labels(model).observe(time.time() - ctx.created_at)
+        service.close(opened, ctx, client_gone)
+
+
+async def _collect(opened: OpenedStream) -> tuple[str, list[dict[str, Any]], StreamEnd]:
+    parts: list[str] = []
+    tools: list[dict[str, Any]] = []
+    end: StreamEnd | None = None
+    async for m in opened:
+        if isinstance(m, TokenChunk):
+            parts.append(m.text)
+            if m.tool_calls:
+                wire.merge_tool_call_deltas(tools, m.tool_calls)
+        else:
+            end = m
+    if end is None:  # OpenedStream ends with StreamEnd or raises; this guards the invariant
+        raise EngineError("the stream ended without a terminal message", code=Code.STREAM_GAP)
+    return "".join(parts), tools, end
+
+
+async def _wait_disconnect(request: Request) -> None:
+    # The body is consumed, so the next ASGI message can only be the disconnect.
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
