@@ -1,7 +1,7 @@
-# One image for every Python service of llm-inference-lab: gateway, workers (vLLM, SGLang) and
-# the engine simulator. Each docker-compose.yml service picks one with its own command
-# (`python -m llmlab_gateway`, `python -m llmlab_worker_vllm`, ...); all configuration is env
-# vars (LLMLAB_*), as for the native processes.
+# One image for every Python service of llm-inference-lab: gateway, router, budget, accounting,
+# workers (vLLM, SGLang) and the engine simulator. Each docker-compose.yml service picks one with
+# its own command (`python -m llmlab_gateway`, `python -m llmlab_worker_vllm`, ...); all
+# configuration is env vars (LLMLAB_*), as for the native processes.
 #
 #   docker build -t llm-inference-lab:dev .
 #   docker run --rm -p 8080:8080 -e LLMLAB_NATS_URL=nats://host.docker.internal:4222 \
@@ -18,25 +18,28 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# Only what the services need (not .venv, caches or results): the packages and the catalog that
-# every service reads (LLMLAB_CATALOG_PATH defaults to /app/configs/catalog.yaml).
+# Only what the services need (not .venv, caches, lab tools or results): the packages and the
+# catalogs every service reads (LLMLAB_CATALOG_PATH defaults to configs/catalog.yaml under the
+# working directory, /app).
 COPY pyproject.toml ./
 COPY configs/ configs/
 COPY libs/ libs/
 COPY services/ services/
 
-# Editable installs, as in the development venv, so the catalog default resolves inside /app.
-# One pip call: the packages depend on each other by name (llmlab-common, llmlab-worker).
+# One pip call: the packages depend on each other by name (llmlab-common, llmlab-routing, ...), and
+# every library a service declares must be in it.
 RUN pip install \
-        -e libs/common \
-        -e libs/worker \
-        -e services/gateway \
-        -e services/worker-vllm \
-        -e services/worker-sglang \
-        -e services/engine-sim \
-        -e services/budget \
-        -e services/router \
-        -e services/accounting
+        ./libs/common[service] \
+        ./libs/twin \
+        ./libs/routing \
+        ./libs/worker \
+        ./services/gateway \
+        ./services/worker-vllm \
+        ./services/worker-sglang \
+        ./services/engine-sim \
+        ./services/budget \
+        ./services/router \
+        ./services/accounting
 
 # Run as an unprivileged user. Logs go to stdout; the router's decision log and accounting's chdb
 # directory live under /var/lib/llmlab (compose mounts volumes there, which inherit this ownership).

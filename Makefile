@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml lab/pyproject.toml loadtest/pyproject.toml experiments/pyproject.toml)
+PACKAGE_DIRS := $(sort $(dir $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)) lab/ loadtest/ experiments/)
+PYPROJECTS := $(addsuffix pyproject.toml,$(PACKAGE_DIRS))
 # Tiers that run on this machine; `gpu` needs a GPU and the engines (make gpu-smoke).
 TEST_MARKERS ?= not gpu
 PYTEST_ARGS ?=
@@ -40,7 +41,7 @@ test-unit: install ## only the pure unit tests (no network)
 test-e2e: install infra ## whole stack on the simulator (no real vLLM)
 	$(PY) -m pytest -m "e2e and not vllm_cpu" $(PYTEST_ARGS)
 
-lint: install ## ruff (lint + format check) and mypy
+lint: install ## ruff (lint + format check), mypy, the architecture contracts (import-linter) and each package's declared dependencies (deptry)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy libs/common/llmlab_common libs/twin/llmlab_twin libs/routing/llmlab_routing \
@@ -48,6 +49,8 @@ lint: install ## ruff (lint + format check) and mypy
 	  services/worker-vllm/llmlab_worker_vllm services/worker-sglang/llmlab_worker_sglang \
 	  services/engine-sim/llmlab_engine_sim services/budget/llmlab_budget services/router/llmlab_router \
 	  services/accounting/llmlab_accounting lab/llmlab_lab loadtest/llmlab_loadtest experiments/llmlab_experiments
+	$(VENV)/bin/lint-imports
+	@for d in $(PACKAGE_DIRS); do echo "deptry $$d"; (cd $$d && $(CURDIR)/$(VENV)/bin/deptry . 2>&1 | grep -v "^Scanning\|^Assuming"; exit $${PIPESTATUS[0]}) || exit 1; done
 
 format: install ## apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .

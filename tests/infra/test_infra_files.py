@@ -14,6 +14,7 @@ import importlib.util
 import os
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -302,9 +303,16 @@ def test_dockerfile_installs_every_package_the_services_run() -> None:
     text = "\n".join(line for line in DOCKERFILE.read_text().splitlines() if not line.lstrip().startswith("#"))
     assert re.search(r"^FROM python:3\.11-slim\b", text, re.M)
     assert re.search(r"^USER (?!root\b)\S+", text, re.M), "the image must not run as root"
-    installed = re.findall(r"-e\s+(\S+)", text)
+    installed = [re.sub(r"\[.*\]$", "", p) for p in re.findall(r"^\s+\./(\S+?)\s*\\?$", text, re.M)]
+    assert installed, "the Dockerfile installs no package of the repository"
+    names = {}
     for path in installed:
         assert (REPO / path / "pyproject.toml").is_file(), f"Dockerfile installs {path}, which has no pyproject"
+        names[tomllib.loads((REPO / path / "pyproject.toml").read_text())["project"]["name"]] = path
+    for path in installed:  # every library a package depends on is installed with it (none is on PyPI)
+        deps = tomllib.loads((REPO / path / "pyproject.toml").read_text())["project"]["dependencies"]
+        local = {re.split(r"[\[<>=]", d)[0] for d in deps if d.startswith("llmlab-")}
+        assert local <= set(names), f"{path} needs {sorted(local - set(names))}, which the Dockerfile does not install"
     for name in OUR_SERVICES:
         module = module_of(SERVICES[name])
         spec = importlib.util.find_spec(module)

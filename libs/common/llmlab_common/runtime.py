@@ -8,22 +8,27 @@ up to ``drain_timeout_s``, and the lifespan's shutdown drains background work.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
+from typing import TypeVar
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Response
 
 from llmlab_common.logging import setup_logging
 from llmlab_common.metrics import Metrics
-from llmlab_common.settings import ServiceSettings
+from llmlab_common.settings import InfraSettings, ServiceSettings
 
 log = logging.getLogger(__name__)
+SettingsT = TypeVar("SettingsT", bound=ServiceSettings)
 
 
 @dataclass
@@ -96,3 +101,44 @@ def serve(app: FastAPI, settings: ServiceSettings, service: str) -> None:
     # Server.run() uses uvicorn's loop setting ("auto": uvloop when installed). Its transports and
     # timers cost about half of asyncio's at 1,000 streams.
     server.run()
+
+
+def settings_help(settings_cls: type[ServiceSettings]) -> str:
+    """Every environment variable a service reads, with its default (for ``--help``)."""
+    prefix = settings_cls.model_config.get("env_prefix", "")
+    lines = ["settings (environment variables):"]
+    for cls, pre in ((settings_cls, prefix), (InfraSettings, InfraSettings.model_config.get("env_prefix", ""))):
+        for name, info in cls.model_fields.items():
+            if name == "infra":
+                continue
+            value = info.default
+            default = "(generated)" if info.default_factory is not None else repr(value)
+            if isinstance(value, Path):
+                default = str(value)
+            lines.append(f"  {(pre + name).upper():<44} {default}")
+    return "\n".join(lines)
+
+
+def run_service(
+    service: str,
+    settings_cls: type[SettingsT],
+    app_factory: Callable[[SettingsT], FastAPI],
+    argv: Sequence[str] | None = None,
+    description: str = "",
+    prepare: Callable[[SettingsT], None] | None = None,
+) -> None:
+    """``python -m <service>``: ``--help`` lists the settings; otherwise read them from the
+    environment (``prepare`` may tune the process with them) and serve until SIGTERM."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m llmlab_{service.replace('-', '_')}",
+        description=description,
+        epilog=settings_help(settings_cls),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.parse_args(argv)
+    settings = settings_cls()
+    if prepare is not None:
+        prepare(settings)
+    app = app_factory(settings)
+    gc.freeze()  # start-up objects (catalog, modules) out of the collector's way
+    serve(app, settings, service)

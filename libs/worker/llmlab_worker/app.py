@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from llmlab_common.catalog import load_catalog
 from llmlab_common.metrics import Metrics
-from llmlab_common.runtime import ServiceState, ops_router
+from llmlab_common.runtime import ServiceState, ops_router, run_service
 
 from llmlab_worker.engine import OpenAIEngineAdapter
 from llmlab_worker.lifecycle import Worker
@@ -41,11 +41,12 @@ def create_worker_app(settings: WorkerSettings, adapter_factory: AdapterFactory)
 
 
 def run_worker(adapter_cls: type[OpenAIEngineAdapter], service: str) -> None:
-    """Entry point shared by the engine workers: settings from env, then serve until SIGTERM."""
-    from llmlab_common.runtime import serve
+    """Entry point shared by the engine workers: ``--help`` lists the settings; otherwise read them
+    from the environment and serve until SIGTERM."""
 
-    settings = WorkerSettings()
-    app = create_worker_app(
-        settings, lambda s: adapter_cls(s.engine_url, s.max_concurrency, s.engine_connect_timeout_s)
-    )
-    serve(app, settings, service)
+    def make_app(settings: WorkerSettings) -> FastAPI:
+        return create_worker_app(
+            settings, lambda s: adapter_cls(s.engine_url, s.max_concurrency, s.engine_connect_timeout_s)
+        )
+
+    run_service(service, WorkerSettings, make_app, description=f"A worker in front of {adapter_cls.engine} engine.")

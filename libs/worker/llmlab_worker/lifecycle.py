@@ -290,7 +290,7 @@ class Worker:
         if self.running:
             await asyncio.sleep(0.1)
         for f in self._feeders:
-            await f.close(timeout=f.expires_s + 1)
+            await f.close_after_pull(timeout=f.expires_s + 1)
         await self._outbox.flushed(2.0)
         for t in self._tasks:
             t.cancel()

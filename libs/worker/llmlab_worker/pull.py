@@ -2,26 +2,24 @@
 
 nats-py's ``fetch(batch>1)`` keeps collecting until the batch is full or the timeout passes,
 which would hold the first message of a trickle for the whole timeout. We instead keep one
-lingering pull request per consumer on our own inbox, sized to the free capacity, and hand each
-message to the worker the moment it arrives. Slots are reserved when a pull is issued and the
-unfilled part is returned when the server ends the pull (status 408/409) or it is satisfied,
-so a worker never holds more messages than it can run.
+lingering pull request per consumer on our own inbox (the common library's
+:class:`~llmlab_common.pull.InboxPull`), sized to the free capacity, and hand each message to the
+worker the moment it arrives. Slots are reserved when a pull is issued and the unfilled part is
+returned when the server ends the pull (status 408/409) or it is satisfied, so a worker never
+holds more messages than it can run.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable
 
+from llmlab_common.pull import InboxPull
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 
 log = logging.getLogger(__name__)
-
-STATUS_HDR = "Status"
 
 
 class Capacity:
@@ -66,7 +64,7 @@ class Capacity:
             self._cond.notify_all()
 
 
-class PullFeeder:
+class PullFeeder(InboxPull):
     """One consumer's lingering pull, refilled as capacity frees.
 
     ``reserve_slots`` False (the per-worker consumer): pull one message at a time without
@@ -87,15 +85,12 @@ class PullFeeder:
         reserve_slots: bool = True,
         api_prefix: str = "$JS.API",
     ) -> None:
-        self.nc = nc
+        super().__init__(nc, stream, consumer, api_prefix)
         self.capacity = capacity
         self.handler = handler
         self.max_batch = max_batch
         self.expires_s = expires_s
         self.reserve_slots = reserve_slots
-        self._next_subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
-        self._inbox = nc.new_inbox()
-        self._sub: Subscription | None = None
         self._remaining = 0
         self._done = asyncio.Event()
         self._open_left = 0  # messages the server may still deliver on the outstanding pull
@@ -105,12 +100,12 @@ class PullFeeder:
         self.gate.set()
 
     async def start(self) -> None:
-        self._sub = await self.nc.subscribe(self._inbox, cb=self._on_msg)
-        self._task = asyncio.create_task(self._loop(), name=f"pull:{self._next_subject}")
+        await super().start()
+        self._task = asyncio.create_task(self._loop(), name=f"pull:{self.next_subject}")
 
     async def stop_pulling(self) -> None:
         """No new pulls. The outstanding one may still deliver: keep listening (the handler hands
-        such messages back with a NAK) until :meth:`close`."""
+        such messages back with a NAK) until :meth:`close_after_pull`."""
         self._stopping = True
         self.gate.clear()
         self._done.set()
@@ -118,16 +113,14 @@ class PullFeeder:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def close(self, timeout: float) -> None:
+    async def close_after_pull(self, timeout: float) -> None:
         """Wait (up to ``timeout``) for the outstanding pull to end, then stop listening, so no
         message is delivered to a dead inbox and left to wait out its ack_wait."""
         await self.stop_pulling()
         deadline = asyncio.get_running_loop().time() + timeout
         while self._open_left > 0 and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
-        if self._sub is not None:
-            await self._sub.unsubscribe()
-            self._sub = None
+        await super().close()
 
     async def _loop(self) -> None:
         while not self._stopping:
@@ -135,18 +128,17 @@ class PullFeeder:
             k = await self.capacity.take_up_to(self.max_batch) if self.reserve_slots else 1
             self._remaining = self._open_left = k
             self._done.clear()
-            req = {"batch": k, "expires": int(self.expires_s * 1e9)}
             try:
-                log.debug("pull %s batch=%d", self._next_subject, k)
-                await self.nc.publish(self._next_subject, json.dumps(req).encode(), reply=self._inbox)
+                log.debug("pull %s batch=%d", self.next_subject, k)
+                await self.request(k, self.expires_s)
                 # The server ends the pull with a status (408 on expiry) after its messages.
                 await asyncio.wait_for(self._done.wait(), self.expires_s + 2.0)
             except TimeoutError:
-                log.debug("pull on %s ended without status; re-issuing", self._next_subject)
+                log.debug("pull on %s ended without status; re-issuing", self.next_subject)
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("pull request failed on %s", self._next_subject)
+                log.exception("pull request failed on %s", self.next_subject)
                 await asyncio.sleep(0.5)
             finally:
                 if self.reserve_slots and self._remaining > 0:
@@ -163,14 +155,12 @@ class PullFeeder:
             return True
         return False
 
-    async def _on_msg(self, msg: Msg) -> None:
-        status = msg.headers.get(STATUS_HDR) if msg.headers else None
-        if status is not None:
-            log.debug("pull status %s on %s (remaining %d)", status, self._next_subject, self._remaining)
-            if status != "100":  # 100 = idle heartbeat; 404/408/409 end the pull
-                self._open_left = 0
-                self._done.set()
-            return
+    def on_end(self, status: str) -> None:
+        log.debug("pull status %s on %s (remaining %d)", status, self.next_subject, self._remaining)
+        self._open_left = 0
+        self._done.set()
+
+    async def on_message(self, msg: Msg) -> None:
         self._open_left = max(0, self._open_left - 1)
         held_slot = self.reserve_slots and self._remaining > 0
         # The handler returns once the message owns a slot (it waits for one when none was

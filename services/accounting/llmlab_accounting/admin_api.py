@@ -18,8 +18,8 @@ from llmlab_common.codes import Code
 from llmlab_common.errors import AuthenticationFailed, InvalidRequest
 from pydantic import BaseModel, ConfigDict, Field
 
+from llmlab_accounting.ports import Store
 from llmlab_accounting.settings import AccountingSettings
-from llmlab_accounting.store import Store
 
 log = logging.getLogger(__name__)
 

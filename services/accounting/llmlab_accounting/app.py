@@ -18,11 +18,11 @@ from llmlab_common.subjects import Topology
 
 from llmlab_accounting.admin_api import admin_router
 from llmlab_accounting.decode import Decoder, tune_gc
-from llmlab_accounting.fetch import IngestClient
 from llmlab_accounting.metrics import AccountingMetrics
+from llmlab_accounting.ports import Store
 from llmlab_accounting.service import AccountingService
 from llmlab_accounting.settings import AccountingSettings
-from llmlab_accounting.store import ClickHouseStore, Store, StoreProcess
+from llmlab_accounting.store import ClickHouseStore, StoreProcess
 from llmlab_accounting.transport import AccountingTransport
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def create_app(settings: AccountingSettings) -> FastAPI:
             store.ensure_schema()
             service = AccountingService(store, catalog, am, settings.prefill_weight)
             topo = Topology(settings.infra.namespace)
-            nc = await connect(settings.infra.nats_url, "accounting", IngestClient())
+            nc = await connect(settings.infra.nats_url, "accounting")
             stack.push_async_callback(nc.drain)
             js = nc.jetstream()
             await ensure_streams(js, topo)

@@ -26,8 +26,9 @@ from typing import Any, Protocol
 
 import httpx
 
+from llmlab_accounting.ports import QueryResult
 from llmlab_accounting.settings import DEFAULT_DATA_DIR, DEV_ADMIN_KEY
-from llmlab_accounting.store import ClickHouseStore, QueryResult
+from llmlab_accounting.store import ClickHouseStore
 
 
 class Runner(Protocol):

@@ -14,7 +14,8 @@ import logging
 import re
 from pathlib import Path
 
-from llmlab_accounting.query import QueryResult, add_target_args, open_runner, service_up, to_markdown, write_csv
+from llmlab_accounting.ports import QueryResult
+from llmlab_accounting.query import add_target_args, open_runner, service_up, to_markdown, write_csv
 
 log = logging.getLogger(__name__)
 DEFAULT_URL = "http://127.0.0.1:8086"

@@ -20,7 +20,7 @@ from llmlab_accounting.attribution import Alive, Span, WorkerPeriod, attribute
 from llmlab_accounting.columns import ATTEMPT_SCHEMA, REQUEST_SCHEMA, to_arrow
 from llmlab_accounting.domain import AttemptRow, HeartbeatRow, RequestRow
 from llmlab_accounting.metrics import AccountingMetrics
-from llmlab_accounting.store import (
+from llmlab_accounting.ports import (
     ATTEMPTS_TABLE,
     ATTRIBUTION_TABLE,
     HEARTBEATS_TABLE,

@@ -28,21 +28,16 @@ import re
 import signal
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import clickhouse_connect
 import pyarrow as pa
 
-log = logging.getLogger(__name__)
+from llmlab_accounting.ports import QueryResult
 
-ATTEMPTS_TABLE = "attempts_raw"
-REQUESTS_TABLE = "requests_raw"
-ATTRIBUTION_TABLE = "gpu_attribution"
-PERIODS_TABLE = "gpu_periods"
-HEARTBEATS_TABLE = "worker_heartbeats"
+log = logging.getLogger(__name__)
 
 
 class StoreLocked(RuntimeError):
@@ -85,13 +80,6 @@ def schema_statements() -> list[str]:
     text = resources.files("llmlab_accounting").joinpath("schema.sql").read_text()
     text = re.sub(r"--[^\n]*", "", text)
     return [s.strip() for s in text.split(";") if s.strip()]
-
-
-@dataclass(frozen=True)
-class QueryResult:
-    columns: list[str]
-    types: list[str]
-    rows: list[list[Any]]
 
 
 class ClickHouseStore:
@@ -167,25 +155,6 @@ class ClickHouseStore:
     def scalar(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
         rows = self.query(sql, parameters).rows
         return rows[0][0] if rows else None
-
-
-class Store(Protocol):
-    """What the service needs of a store: :class:`ClickHouseStore` or :class:`StoreProcess`."""
-
-    def ensure_schema(self) -> None: ...
-    def insert_arrow(self, table: str, data: pa.Table) -> None: ...
-    def insert_json(self, table: str, lines: Iterable[bytes]) -> None: ...
-    def query(
-        self,
-        sql: str,
-        parameters: dict[str, Any] | None = None,
-        *,
-        readonly: bool = True,
-        max_rows: int | None = None,
-        timeout_s: int | None = None,
-    ) -> QueryResult: ...
-    def scalar(self, sql: str, parameters: dict[str, Any] | None = None) -> Any: ...
-    def close(self) -> None: ...
 
 
 # -- the store in a child process ----------------------------------------------------------------

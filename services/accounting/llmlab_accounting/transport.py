@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from llmlab_common.messages import Heartbeat
+from llmlab_common.pull import BatchPuller
 from llmlab_common.subjects import Topology
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -25,7 +26,6 @@ from pydantic import ValidationError
 from llmlab_accounting.attribution import period_bounds
 from llmlab_accounting.decode import Decoded, Decoder, Item
 from llmlab_accounting.domain import HeartbeatRow, heartbeat_row
-from llmlab_accounting.fetch import BatchPuller, Fetched
 from llmlab_accounting.service import AccountingService, Batch
 from llmlab_accounting.settings import AccountingSettings
 
@@ -41,11 +41,11 @@ PIPELINE_BATCHES = 2
 class _Pending:
     """A batch being fetched: its messages in stream order and the decode of each fetched chunk."""
 
-    msgs: list[Fetched] = field(default_factory=list)
-    parts: list[asyncio.Task[tuple[list[Fetched], Decoded]]] = field(default_factory=list)
+    msgs: list[Msg] = field(default_factory=list)
+    parts: list[asyncio.Task[tuple[list[Msg], Decoded]]] = field(default_factory=list)
     due: float = 0.0  # monotonic time by which it is committed, full or not
 
-    def add(self, msgs: list[Fetched], part: asyncio.Task[tuple[list[Fetched], Decoded]]) -> None:
+    def add(self, msgs: list[Msg], part: asyncio.Task[tuple[list[Msg], Decoded]]) -> None:
         self.msgs += msgs
         self.parts.append(part)
 
@@ -173,13 +173,13 @@ class AccountingTransport:
                 await commits.put(None)
             await committer
 
-    def _start_decode(self, msgs: list[Fetched]) -> asyncio.Task[tuple[list[Fetched], Decoded]]:
+    def _start_decode(self, msgs: list[Msg]) -> asyncio.Task[tuple[list[Msg], Decoded]]:
         attempt_subject, request_subject = self.topo.attempt_event_subject, self.topo.request_event_subject
         # Dead letters and any future event kinds are not ours; they are acked with the batch.
         ours = [m for m in msgs if m.subject in (attempt_subject, request_subject)]
         self.service.m.events.labels("ignored").inc(len(msgs) - len(ours))
 
-        async def run() -> tuple[list[Fetched], Decoded]:
+        async def run() -> tuple[list[Msg], Decoded]:
             return ours, await self.decoder.decode([(m.subject == attempt_subject, m.data) for m in ours])
 
         return asyncio.create_task(run())
@@ -203,7 +203,7 @@ class AccountingTransport:
             m.events.labels("request").inc(rows.requests.num_rows)
             gave_up = not await self._insert_and_ack(rows, batch.msgs)
 
-    async def _insert_and_ack(self, batch: Batch, msgs: list[Fetched]) -> bool:
+    async def _insert_and_ack(self, batch: Batch, msgs: list[Msg]) -> bool:
         """Insert (retrying until it works or the service stops), then ack; False: not acked."""
         delay = 0.5
         while True:
@@ -223,11 +223,11 @@ class AccountingTransport:
             # redelivery there has a lower one: then less is acked and more redelivered, which the
             # tables' keys absorb.)
             with contextlib.suppress(Exception):
-                await msgs[-1].ack(self.nc)
+                await msgs[-1].ack()
         self.last_flush_at = time.time()
         return True
 
-    async def _dead_letter(self, msg: Fetched, why: str) -> None:
+    async def _dead_letter(self, msg: Msg, why: str) -> None:
         self.service.m.events.labels("dead_letter").inc()
         log.error("malformed event on %s dead-lettered: %s", msg.subject, why[:300])
         with contextlib.suppress(Exception):

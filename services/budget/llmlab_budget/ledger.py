@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Literal
 
@@ -11,13 +10,12 @@ from llmlab_common.catalog import LimitSet, PlanBudget, ScopeName
 from redis.asyncio import Redis
 
 from llmlab_budget.layout import Layout
-from llmlab_budget.model import Identity
+from llmlab_budget.model import REAP_BATCH, Closed, Identity, Reservation
 from llmlab_budget.windows import Windows
 
 DAY_TTL_S = 40 * 86400
 MONTH_TTL_S = 400 * 86400
 MINUTE_TTL_S = 180
-REAP_BATCH = 500  # reservations released per reap call (one Lua call, kept short)
 
 
 def _lua(name: str) -> str:
@@ -26,35 +24,6 @@ def _lua(name: str) -> str:
 
 def _limit(v: int | None) -> int:
     return -1 if v is None else v
-
-
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    """What the reserve script answered. ``status`` ``ok``/``dup`` carry the allowance; any other
-    status is a refusal: ``reason`` in input_cap, concurrency, rpm, tpm, quota, revoked,
-    unknown_key; ``scope`` and ``limit`` say which limit; ``window`` (daily/monthly) for quota."""
-
-    status: str
-    output_tokens: int = 0
-    reserved_tokens: int = 0
-    scope: str = ""
-    limit: int = 0
-    window: str = ""
-    available: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.status in ("ok", "dup")
-
-
-@dataclass(frozen=True, slots=True)
-class Closed:
-    """What settling or releasing a reservation did: ``ok`` (closed now), ``dup`` (was already
-    closed: nothing changed) or ``missing`` (no such reservation)."""
-
-    status: str
-    charged: int = 0
-    reserved: int = 0
 
 
 def _s(v: Any) -> str:

@@ -9,6 +9,7 @@ from llmlab_common.catalog import SCOPES, LimitSet, PlanBudget, ScopeName
 from llmlab_common.messages import Principal
 
 API_KEY_PREFIX = "sk-llm-"
+REAP_BATCH = 500  # reservations released per reap call (one Lua call, kept short)
 # Characters of a key shown in listings (never enough to use it: 43 random chars follow).
 DISPLAY_PREFIX_LEN = len(API_KEY_PREFIX) + 6
 
@@ -48,3 +49,32 @@ class Identity:
 def effective_limits(plan: PlanBudget, overrides: dict[ScopeName, LimitSet]) -> dict[ScopeName, LimitSet]:
     """Per scope: the plan's defaults for that scope level, with the scope's own overrides."""
     return {s: plan.limits(s).merged(overrides.get(s, LimitSet())) for s in SCOPES}
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What the reserve script answered. ``status`` ``ok``/``dup`` carry the allowance; any other
+    status is a refusal: ``reason`` in input_cap, concurrency, rpm, tpm, quota, revoked,
+    unknown_key; ``scope`` and ``limit`` say which limit; ``window`` (daily/monthly) for quota."""
+
+    status: str
+    output_tokens: int = 0
+    reserved_tokens: int = 0
+    scope: str = ""
+    limit: int = 0
+    window: str = ""
+    available: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("ok", "dup")
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """What settling or releasing a reservation did: ``ok`` (closed now), ``dup`` (was already
+    closed: nothing changed) or ``missing`` (no such reservation)."""
+
+    status: str
+    charged: int = 0
+    reserved: int = 0

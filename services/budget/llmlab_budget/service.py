@@ -27,13 +27,43 @@ from llmlab_common.errors import (
 )
 from llmlab_common.messages import AttemptEvent, RequestEvent, ReserveReply, ReserveRequest
 
-from llmlab_budget.ledger import REAP_BATCH, Closed, Ledger, Reservation
 from llmlab_budget.metrics import BudgetMetrics
-from llmlab_budget.model import Identity, effective_limits
+from llmlab_budget.model import REAP_BATCH, Closed, Identity, Reservation, effective_limits
 from llmlab_budget.settings import BudgetSettings
 from llmlab_budget.windows import Windows
 
 log = logging.getLogger(__name__)
+
+
+class LedgerPort(Protocol):
+    """The Redis ledger (:class:`llmlab_budget.ledger.Ledger`): one atomic script per call."""
+
+    async def reserve(
+        self,
+        request_id: str,
+        identity: Identity,
+        limits: dict[ScopeName, LimitSet],
+        policy: PlanBudget,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        tools_exempt: int,
+        now: float,
+        windows: Windows,
+        expires_at: float,
+    ) -> Reservation: ...
+
+    async def close(
+        self,
+        request_id: str,
+        state: Literal["settled", "released"],
+        *,
+        input_tokens: int = -1,
+        output_tokens: int = 0,
+        now: float,
+    ) -> Closed: ...
+
+    async def reap(self, now: float, limit: int = REAP_BATCH) -> list[str]: ...
 
 
 class DirectoryPort(Protocol):
@@ -57,7 +87,7 @@ class BudgetService:
         settings: BudgetSettings,
         catalog: Catalog,
         directory: DirectoryPort,
-        ledger: Ledger,
+        ledger: LedgerPort,
         metrics: BudgetMetrics,
         clock: Callable[[], float] = time.time,
     ) -> None:

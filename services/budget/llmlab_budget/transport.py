@@ -10,6 +10,7 @@ import logging
 from llmlab_common.codes import Code
 from llmlab_common.errors import InvalidRequest, RateLimited, ServiceUnavailable
 from llmlab_common.messages import AttemptEvent, RequestEvent, ReserveReply, ReserveRequest
+from llmlab_common.pull import BatchPuller
 from llmlab_common.subjects import Topology
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -32,7 +33,7 @@ class BudgetTransport:
         self.service = service
         self.settings = settings
         self._reserve_sub: Subscription | None = None
-        self._pull: JetStreamContext.PullSubscription | None = None
+        self._puller: BatchPuller | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: set[asyncio.Task[None]] = set()
         # At most pool-size reserves talk to Redis at once; the rest wait here, up to a bound.
@@ -42,11 +43,11 @@ class BudgetTransport:
     async def start(self) -> None:
         # Settlement first: events of requests reserved from now on must find the consumer there.
         s = self.settings
-        pull = self._pull = await self.js.pull_subscribe(
-            self.topo.events_wildcard,
-            durable=self.topo.BUDGET_SETTLE_CONSUMER,
-            stream=self.topo.events_stream,
-            config=ConsumerConfig(
+        await self.js.add_consumer(
+            self.topo.events_stream,
+            ConsumerConfig(
+                durable_name=self.topo.BUDGET_SETTLE_CONSUMER,
+                filter_subject=self.topo.events_wildcard,
                 ack_policy=AckPolicy.EXPLICIT,
                 ack_wait=s.settle_ack_wait_s,
                 max_deliver=s.settle_max_deliver,
@@ -55,7 +56,9 @@ class BudgetTransport:
                 max_ack_pending=-1,
             ),
         )
-        self._tasks.append(asyncio.create_task(self._settle_loop(pull), name="budget-settle"))
+        puller = self._puller = BatchPuller(self.nc, self.topo.events_stream, self.topo.BUDGET_SETTLE_CONSUMER)
+        await puller.start()
+        self._tasks.append(asyncio.create_task(self._settle_loop(puller), name="budget-settle"))
         self._tasks.append(asyncio.create_task(self._reap_loop(), name="budget-reaper"))
         self._reserve_sub = await self.nc.subscribe(
             self.topo.budget_reserve_subject, queue=self.topo.BUDGET_QUEUE_GROUP, cb=self._on_reserve
@@ -74,11 +77,8 @@ class BudgetTransport:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
-        if self._pull is not None:
-            # Unsubscribe the pull inbox ourselves: draining the connection with a JetStream
-            # pull subscription still open can wait forever.
-            with contextlib.suppress(Exception):
-                await self._pull.unsubscribe()
+        if self._puller is not None:
+            await self._puller.close()
 
     # -- reserve -------------------------------------------------------------------------------
     async def _on_reserve(self, msg: Msg) -> None:
@@ -113,12 +113,10 @@ class BudgetTransport:
             await msg.respond(reply.model_dump_json(exclude_none=True).encode())
 
     # -- settle --------------------------------------------------------------------------------
-    async def _settle_loop(self, pull: JetStreamContext.PullSubscription) -> None:
+    async def _settle_loop(self, puller: BatchPuller) -> None:
         while not self._stopping:
             try:
-                msgs = await pull.fetch(self.settings.settle_batch, timeout=0.5)
-            except TimeoutError:
-                continue
+                msgs = await puller.pull(self.settings.settle_batch, 0.5)
             except Exception as exc:
                 log.warning("settlement fetch failed: %s", exc)
                 await asyncio.sleep(1)

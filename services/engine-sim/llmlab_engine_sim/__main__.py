@@ -9,14 +9,19 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from llmlab_common.runtime import serve
+from llmlab_common.runtime import serve, settings_help
 
 from llmlab_engine_sim.api import create_app
 from llmlab_engine_sim.settings import SimSettings
 
 
 def parse_args(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(prog="llmlab_engine_sim", description="OpenAI-compatible vLLM/SGLang simulator")
+    p = argparse.ArgumentParser(
+        prog="python -m llmlab_engine_sim",
+        description="OpenAI-compatible vLLM/SGLang simulator",
+        epilog=settings_help(SimSettings),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--flavor", choices=["vllm", "sglang"], help="which engine to present as")
     p.add_argument("--host")
     p.add_argument("--port", type=int)

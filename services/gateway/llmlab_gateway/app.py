@@ -28,8 +28,8 @@ from llmlab_gateway.deps import Gateway
 from llmlab_gateway.dispatch import NatsDispatcher
 from llmlab_gateway.metrics import GatewayMetrics
 from llmlab_gateway.routes import router as openai_routes
-from llmlab_gateway.routing import EmbeddedRouter, RemoteRouter, Router
-from llmlab_gateway.service import CompletionService
+from llmlab_gateway.routing import EmbeddedRouter, RemoteRouter
+from llmlab_gateway.service import CompletionService, Router
 from llmlab_gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""Routing seam: the gateway asks for a target chain (first choice + fallbacks) for each request.
+"""Routing adapters: the gateway asks for a target chain (first choice + fallbacks) for each request
+(the :class:`~llmlab_gateway.service.Router` port).
 
 * :class:`RemoteRouter` asks the router service over NATS (``<ns>.router.route``); when it does not
   answer in time the gateway decides itself with its embedded router (degraded, logged and counted)
@@ -10,7 +11,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Protocol
 
 from llmlab_common.messages import RouteQuery, RouteReply
 from llmlab_common.subjects import Topology
@@ -22,10 +22,6 @@ from prometheus_client import Counter
 from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
-
-
-class Router(Protocol):
-    async def route(self, query: RouteQuery) -> RouteReply: ...
 
 
 class EmbeddedRouter:

@@ -45,7 +45,6 @@ from llmlab_common.tokens import estimate_prompt as estimate_completion_prompt
 from llmlab_routing.config import CatalogHolder, RouterCatalog
 from llmlab_routing.features import chat_prefix_text, chat_task, difficulty, prefix_hashes
 
-from llmlab_gateway.routing import Router
 from llmlab_gateway.schemas import ChatCompletionRequest, CompletionRequest
 from llmlab_gateway.settings import GatewaySettings
 
@@ -82,6 +81,12 @@ class AttemptHandle(Protocol):
     def next_nowait(self) -> AttemptMessage | None:
         """The next message if one is already waiting, else None."""
         ...
+
+
+class Router(Protocol):
+    """Where a request's target chain comes from (the router service, or the same core in-process)."""
+
+    async def route(self, query: RouteQuery) -> RouteReply: ...
 
 
 class Dispatcher(Protocol):

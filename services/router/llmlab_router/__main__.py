@@ -8,29 +8,36 @@ its record alone and show why it was made (exit 1 if the recomputation differs o
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 from collections.abc import Sequence
+
+from llmlab_common.catalog import CatalogError
+from llmlab_common.runtime import run_service
+from llmlab_routing.config import load_router_catalog
+from llmlab_routing.records import explain_text, find_record, replay
+
+from llmlab_router.app import create_app
+from llmlab_router.settings import RouterSettings
+
+
+def _tune(settings: RouterSettings) -> None:
+    # The decision log's writer thread shares the GIL with the decisions: a short switch
+    # interval bounds how long a decision waits for it (CPython's default is 5 ms).
+    sys.setswitchinterval(settings.gil_switch_interval_s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("explain", "check"):
-        from llmlab_common.runtime import serve
-
-        from llmlab_router.app import create_app
-        from llmlab_router.settings import RouterSettings
-
-        settings = RouterSettings()
-        # The decision log's writer thread shares the GIL with the decisions: a short switch
-        # interval bounds how long a decision waits for it (CPython's default is 5 ms).
-        sys.setswitchinterval(settings.gil_switch_interval_s)
-        app = create_app(settings)
-        gc.freeze()  # start-up objects (catalog, modules) out of the collector's way
-        serve(app, settings, "router")
+        run_service(
+            "router",
+            RouterSettings,
+            create_app,
+            argv,
+            description="Route decisions over NATS (also: explain <request_id>, check [--catalog FILE]).",
+            prepare=_tune,
+        )
         return 0
-    from llmlab_router.settings import RouterSettings
-
     settings = RouterSettings()
     ap = argparse.ArgumentParser(prog="python -m llmlab_router")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -41,9 +48,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ck.add_argument("--catalog", default=str(settings.infra.catalog_path))
     args = ap.parse_args(argv)
     if args.cmd == "check":
-        from llmlab_common.catalog import CatalogError
-        from llmlab_routing.config import load_router_catalog
-
         try:
             rc = load_router_catalog(args.catalog)
         except CatalogError as exc:
@@ -51,8 +55,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         sys.stdout.write(f"{args.catalog}: ok (version {rc.version}, policies {sorted(rc.routing.policies)})\n")
         return 0
-    from llmlab_routing.records import explain_text, find_record, replay
-
     rec = find_record(args.log, args.request_id)
     if rec is None:
         sys.stderr.write(f"no decision for request {args.request_id!r} in {args.log}\n")

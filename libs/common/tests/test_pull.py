@@ -1,5 +1,5 @@
-"""The puller against real NATS JetStream, through nats-py's ordinary callback and through the
-direct delivery of :class:`IngestClient`: the same messages, pulls that end on expiry, ack-all."""
+"""The batch puller against real NATS JetStream: every message once and in order, pulls that end
+on expiry, ack-all."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 import time
 
 import pytest
-from llmlab_accounting.fetch import DIRECT_SUPPORTED, BatchPuller, IngestClient
 from llmlab_common.natsio import connect, delete_streams, ensure_streams
+from llmlab_common.pull import BatchPuller
 from llmlab_common.subjects import Topology
 from llmlab_testkit.procs import unique_namespace
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -17,10 +17,9 @@ pytestmark = pytest.mark.integration
 NATS_URL = "nats://127.0.0.1:4222"
 
 
-@pytest.mark.parametrize("direct", [True, False])
-async def test_puller_delivers_every_event_once_and_ack_all_clears_them(direct: bool) -> None:
+async def test_puller_delivers_every_event_once_and_ack_all_clears_them() -> None:
     topo = Topology(unique_namespace())
-    nc = await connect(NATS_URL, "accounting-fetch-test", IngestClient() if direct else None)
+    nc = await connect(NATS_URL, "pull-test")
     js = nc.jetstream()
     await ensure_streams(js, topo)
     try:
@@ -40,7 +39,6 @@ async def test_puller_delivers_every_event_once_and_ack_all_clears_them(direct: 
         )
         puller = BatchPuller(nc, topo.events_stream, "fetch-test")
         await puller.start()
-        assert puller.direct is (direct and DIRECT_SUPPORTED)
         first = await puller.pull(10, 2.0)
         rest = await puller.pull(100, 0.5)  # fewer than asked: returns when the pull expires
         t0 = time.monotonic()
@@ -50,7 +48,7 @@ async def test_puller_delivers_every_event_once_and_ack_all_clears_them(direct: 
         assert len(first) == 10
         assert [m.data for m in got] == [f'{{"n": {i}}}'.encode() for i in range(25)] + [b'{"n": "refused"}']
         assert {m.subject for m in got} == {topo.attempt_event_subject, topo.request_event_subject}
-        await got[-1].ack(nc)  # ack-all: the last one acks every earlier one
+        await got[-1].ack()  # ack-all: the last one acks every earlier one
         deadline = time.monotonic() + 5  # the consumer applies acks asynchronously
         while (info := await js.consumer_info(topo.events_stream, "fetch-test")).num_ack_pending:
             assert time.monotonic() < deadline, info

@@ -1,6 +1,6 @@
 """Load the engine simulator with N concurrent streams and report throughput and CPU use.
 
-    .venv/bin/python services/engine-sim/tools/bench_streams.py --streams 1000 --duration 20 \
+    python -m llmlab_loadtest.engine_sim_bench --streams 1000 --duration 20 \
         --ramp 13 --warmup 15
 
 By default it spawns ``python -m llmlab_engine_sim`` with ``--max-num-seqs`` = streams and the
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from llmlab_common.metrics import parse_prometheus_text
 
-log = logging.getLogger("bench_streams")
+log = logging.getLogger(__name__)
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
