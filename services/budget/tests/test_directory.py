@@ -342,6 +342,6 @@ async def test_bad_names_and_plans_write_nothing(directory: Directory, redis: Re
 
 def test_limit_set_is_what_overrides_cover() -> None:
     # set_overrides validates against LimitSet's fields: a new field must not slip past the API.
-    from llmlab_budget.admin_api import LimitsPut
+    from llmlab_budget.admin.schemas import LimitsPut
 
     assert set(LimitsPut.model_fields) == set(LimitSet.model_fields)
