@@ -1,7 +1,7 @@
 """§5 Speculative decoding on the engine twin: draft/target pairs, speculative tokens k, concurrency, output
 length and an ASSUMED acceptance rate α, with the tutorial's stop rules applied as code.
 
-Model (built on the twin's roofline; the scheduler in ``twin/sched.py`` has no multi-token steps, so this
+Model (built on the twin's roofline; the scheduler in ``llmlab_twin.sched`` has no multi-token steps, so this
 module runs its own small step loop):
 
 * a speculative decode step = the draft runs k single-token forward passes over the batch, then the target

@@ -81,7 +81,7 @@ def run_twin_sweeps(scenarios: Path, repo: Path) -> list[Path]:
         cmd = (
             f"python -m llmlab_twin.trace gen --mix {t['mix']} --arrival {t['arrival']} --rate RATE "
             f"--duration {t['duration_s']} --seed {t['seed']} --shared-share {t['shared_share']} -o t.jsonl && "
-            f"python -m llmlab_twin.replay virtual --trace t.jsonl --model {tw['model']} "
+            f"python -m llmlab_lab.twin_replay virtual --trace t.jsonl --model {tw['model']} "
             f"--device {tw['device']} --dtype {tw['dtype']} --workers {tw['workers']}"
             + (f" --engine {tw['engine']}" if tw.get("engine") else "")
             + f"  (RATE in {tw['rates']})"

@@ -19,7 +19,7 @@ Real side: vLLM started as the ``vllm_cpu`` test tier does (``llmlab_testkit.vll
 ``--enforce-eager``, ``VLLM_CPU_KVCACHE_SPACE=1``) but with ``--dtype float32`` (bf16 has no oneDNN path on this
 AVX2 CPU and is ~4x slower, see EngineConfig), plus pinned scheduler flags; warm-up requests first (not
 measured); the streaming client is this process (vLLM runs in its own processes), built on
-``loadtest/sse_client.py``'s SSE parser and records; its CPU use, vLLM's CPU use and the load average are
+:mod:`llmlab_loadtest.sse_client`'s SSE parser and records; its CPU use, vLLM's CPU use and the load average are
 recorded per cell. The two runs of a cell come from two server sessions, ordered ABBA (on, off, off, on).
 
 Twin side: the same closed loop in virtual time through :class:`~llmlab_twin.sched.StepScheduler`

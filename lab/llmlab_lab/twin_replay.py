@@ -457,7 +457,7 @@ def _lag(args: argparse.Namespace) -> int:
             model_id="meta-llama/Llama-3.1-8B-Instruct (served name only)",
             concurrency=args.streams,
             warmup="none (each run starts a fresh server)",
-            prompt_dataset="loadtest/sse_client.py default prompt",
+            prompt_dataset="llmlab_loadtest.sse_client default prompt",
             input_length_distribution="one short prompt (~15 tokens)",
             output_length_distribution=f"exactly {args.max_tokens} tokens (max_tokens, output_len)",
             sampling_parameters=f"max_tokens={args.max_tokens}",
@@ -471,7 +471,7 @@ def _lag(args: argparse.Namespace) -> int:
         "# Real-time twin: emission lag (simulated engine, measured lag)",
         "",
         f"{args.streams} concurrent streams, every step pinned to {args.step_ms:g} ms, {args.max_tokens} tokens each;"
-        " client: loadtest/sse_client.py in its own process.",
+        " client: llmlab_loadtest.sse_client in its own process.",
         "",
         "| run | server lag p50 / p99 / max (ms) | client ITL p50 / p99 (ms) | ok | client CPU | server CPU s "
         "| wall s |",

@@ -1,4 +1,4 @@
-"""Pure logic of twin/calibrate_cpu.py: cells and prompts, run statistics, the comparison table, the
+"""Pure logic of llmlab_lab.twin_calibrate_cpu: cells and prompts, run statistics, the comparison table, the
 closed-loop twin driver and both fits on synthetic points (no vLLM, no network)."""
 
 from __future__ import annotations

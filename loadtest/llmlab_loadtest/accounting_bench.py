@@ -1,9 +1,9 @@
 """Accounting ingest benchmark: events/s sustained from the NATS events stream into chdb through
 the real accounting service, and how long an event takes to become queryable (visibility).
 
-    python loadtest/accounting_bench.py                  # 20k/s then 30k/s offered, 20 s each, 2 repeats
-    python loadtest/accounting_bench.py --rate 20000 --capacity-rate 40000 --duration 30 --repeats 3
-    python loadtest/accounting_bench.py --quick          # a few seconds (smoke)
+    python -m llmlab_loadtest.accounting_bench                  # 20k/s then 30k/s offered, 20 s each, 2 repeats
+    python -m llmlab_loadtest.accounting_bench --rate 20000 --capacity-rate 40000 --duration 30 --repeats 3
+    python -m llmlab_loadtest.accounting_bench --quick          # a few seconds (smoke)
 
 Each repeat has two phases, each with a fresh namespace and a fresh chdb directory:
 

@@ -1,9 +1,9 @@
 """Budget benchmark: reserve + settle latency of the budget service at a fixed rate (default
 5,000/s), against the real Redis and NATS of this machine (nothing simulated).
 
-    python loadtest/budget_bench.py                       # 10 s per run, 2 repeats (~1.5 min)
-    python loadtest/budget_bench.py --quick               # a few seconds per run (for the test)
-    python loadtest/budget_bench.py --rate 2000 --procs 4 --duration 20
+    python -m llmlab_loadtest.budget_bench                       # 10 s per run, 2 repeats (~1.5 min)
+    python -m llmlab_loadtest.budget_bench --quick               # a few seconds per run (for the test)
+    python -m llmlab_loadtest.budget_bench --rate 2000 --procs 4 --duration 20
 
 Two layers, each measured ``--repeats`` times (spread reported), each run preceded by a warm-up
 of ``--warmup`` seconds at the same rate that is reported apart:
@@ -181,7 +181,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         quiet_cores=a.quiet_cores,
         redis_pool=a.redis_pool,
         lanes=a.concurrency,
-        command=shlex.join(["python", "loadtest/budget_bench.py", *argv_list]),
+        command=shlex.join(["python", "-m", "llmlab_loadtest.budget_bench", *argv_list]),
     )
 
 

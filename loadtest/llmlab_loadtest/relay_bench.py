@@ -1,14 +1,14 @@
 """Relay benchmark: what the stack (gateway -> NATS JetStream -> worker) adds over calling the
 engine directly.
 
-    python loadtest/relay_bench.py                      # levels 1,100,1000, 2 repeats (~5 min)
-    python loadtest/relay_bench.py --quick              # levels 1,100, 1 repeat, 64 tokens (~1 min)
-    python loadtest/relay_bench.py --levels 1000 --repeats 3
+    python -m llmlab_loadtest.relay_bench                      # levels 1,100,1000, 2 repeats (~5 min)
+    python -m llmlab_loadtest.relay_bench --quick              # levels 1,100, 1 repeat, 64 tokens (~1 min)
+    python -m llmlab_loadtest.relay_bench --levels 1000 --repeats 3
 
 One engine simulator (vLLM flavour, TTFT 100 ms, ITL 50 ms, 256 output tokens) serves both paths:
 the stack's worker points at it, and the "direct" runs hit it directly. For each concurrency level
 a warm-up run per mode comes first (reported apart), then measured runs interleave direct, stack,
-direct, stack ... The load client is ``loadtest/sse_client.py`` in its own process. While a run
+direct, stack ... The load client is :mod:`llmlab_loadtest.sse_client` in its own process. While a run
 goes, psutil samples CPU seconds and RSS of the simulator, worker, gateway, nats-server and client.
 
 Writes ``results/relay-<UTC ts>.{json,md,png}`` and ``results/relay-latest.json``. The targets

@@ -1,8 +1,8 @@
 """Router benchmark: how long one routing decision takes, in-process (nothing simulated: real CPU
 time of ``RouterCore.route`` on this machine).
 
-    python loadtest/router_bench.py                  # 2 runs x 48k decisions (~1 min on 2 shared cores)
-    python loadtest/router_bench.py --quick          # a few thousand decisions (for the test)
+    python -m llmlab_loadtest.router_bench                  # 2 runs x 48k decisions (~1 min on 2 shared cores)
+    python -m llmlab_loadtest.router_bench --quick          # a few thousand decisions (for the test)
 
 Part 1, **in-process** (:func:`bench_inprocess`): the catalog (``configs/catalog.yaml`` by default)
 with ``--workers`` (64) synthetic workers spread over its pools, each with a heartbeat (random
@@ -541,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(RouterSettings().gil_switch_interval_s)
-    command = "python loadtest/router_bench.py " + " ".join(
+    command = "python -m llmlab_loadtest.router_bench " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
     )
     started = dt.datetime.now(dt.UTC)

@@ -2,7 +2,7 @@
 
 k6 has no SSE module, so this is our own: asyncio + aiohttp, one process, N concurrent streams.
 
-    python loadtest/sse_client.py --url http://127.0.0.1:8080/v1/chat/completions \\
+    python -m llmlab_loadtest.sse_client --url http://127.0.0.1:8080/v1/chat/completions \\
         --model meta-llama/Llama-3.1-8B-Instruct --api-key sk-llmlab-dev \\
         --concurrency 1000 --requests-per-stream 1 --max-tokens 256 --out run.json
 

@@ -1,1 +1,1 @@
-"""Accounting: cost events in ClickHouse, GPU-time attribution, reports and the cost model."""
+"""Accounting: cost events in ClickHouse, GPU-time attribution and reports."""

@@ -50,13 +50,13 @@ class SimSettings(ServiceSettings):
     max_num_batched_tokens: int = Field(default=8192, ge=1)
     block_size: int = Field(default=16, ge=1)
     # Twin KV blocks; None: kv_cache_tokens // block_size; 0: from the KV calculator
-    # (GPU memory x gpu_memory_utilization - weights, twin/kvcalc.py).
+    # (GPU memory x gpu_memory_utilization - weights, llmlab_twin.kvcalc).
     num_gpu_blocks: int | None = Field(default=None, ge=0)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     prefix_caching: bool = True
     # "vllm" (hash chain of blocks) or "sglang" (radix tree); None: the flavour's own.
     prefix_style: Literal["vllm", "sglang"] | None = None
     eviction_policy: str = "lru"
-    # Board power for the simulated GPU gauges (W); None: twin/sched.py DEFAULT_POWER_W.
+    # Board power for the simulated GPU gauges (W); None: twin_rt.DEFAULT_POWER_W.
     tdp_w: float | None = Field(default=None, gt=0)
     idle_w: float | None = Field(default=None, ge=0)
