@@ -527,7 +527,9 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     a = p.parse_args(argv)
     if a.quick:
         a.rate, a.capacity_rate, a.duration, a.repeats = 2000, 0, 3.0, 1
-    cmd = " ".join(shlex.quote(x) for x in [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])
+    cmd = shlex.join(
+        ["python", "-m", "llmlab_loadtest.accounting_bench", *(argv if argv is not None else sys.argv[1:])]
+    )
     return Config(
         a.rate,
         a.capacity_rate,

@@ -1,1 +1,3 @@
-"""Router: deployment and replica choice (domain in this package; transport in transport.py)."""
+"""Router service: the route responder over NATS and the explain/check command line.
+
+The decision core is the library llmlab_routing."""
