@@ -234,7 +234,8 @@ def invalid_request(errors: Sequence[Mapping[str, Any]]) -> InvalidRequest:
             f"Missing required parameter: '{param}'.", param=param, code=Code.MISSING_REQUIRED_PARAMETER
         )
     msgs = list(dict.fromkeys(str(e.get("msg", "")).removeprefix("Value error, ") for e in same))
-    return InvalidRequest(f"Invalid value for '{param}': {'; or '.join(msgs)}.", param=param, code=Code.INVALID_VALUE)
+    reason = "; or ".join(msgs).rstrip(".")
+    return InvalidRequest(f"Invalid value for '{param}': {reason}.", param=param, code=Code.INVALID_VALUE)
 
 
 def _body_loc(error: Mapping[str, Any]) -> tuple[Any, ...]:
