@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -128,7 +127,7 @@ def run_service(
     prepare: Callable[[SettingsT], None] | None = None,
 ) -> None:
     """``python -m <service>``: ``--help`` lists the settings; otherwise read them from the
-    environment (``prepare`` may tune the process with them) and serve until SIGTERM."""
+    environment, build the app (``prepare`` may then tune the process) and serve until SIGTERM."""
     parser = argparse.ArgumentParser(
         prog=f"python -m llmlab_{service.replace('-', '_')}",
         description=description,
@@ -137,8 +136,7 @@ def run_service(
     )
     parser.parse_args(argv)
     settings = settings_cls()
+    app = app_factory(settings)
     if prepare is not None:
         prepare(settings)
-    app = app_factory(settings)
-    gc.freeze()  # start-up objects (catalog, modules) out of the collector's way
     serve(app, settings, service)

@@ -45,20 +45,17 @@ log = logging.getLogger(__name__)
 # -- SLO classes --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Slo:
-    """An SLO class's per-request limits (``ttft_s`` is the class's ``ttft_p95_s`` applied to each
-    request); :meth:`met` applies the one SLO rule, :func:`llmlab_common.rules.slo_verdict`."""
+class Slo(rules.SloLimits):
+    """An SLO class's per-request limits (the common :class:`~llmlab_common.rules.SloLimits`);
+    :meth:`met` applies the one SLO rule, :func:`llmlab_common.rules.slo_verdict`, to a replayed
+    request."""
 
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    e2e_s: float | None = None
-    queue_s: float | None = None
+    __slots__ = ()
 
     def met(self, s: TwinSeq) -> bool:
         # A twin request's TTFT and E2E run from its arrival: queue time included, as a client sees.
         return rules.slo_verdict(
-            rules.SloLimits(self.ttft_s, self.tpot_s, self.e2e_s, self.queue_s),
+            self,
             answered=s.state is SeqState.DONE,
             ttft_s=s.ttft,
             tpot_s=s.tpot,
@@ -334,7 +331,7 @@ def summarize(
             k: {"met": v[0], "total": v[1], "attainment": round(v[0] / v[1], 6)}
             for k, v in sorted(met_by_class.items())
         },
-        "slo_classes": {k: vars(v) for k, v in slo.items()},
+        "slo_classes": {k: v._asdict() for k, v in slo.items()},
         "ttft_s": quantiles(ttft),
         "tpot_s": quantiles(tpot),
         "itl_s": _weighted_q(durs, wts, gaps),

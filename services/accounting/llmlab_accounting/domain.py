@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, cast
 
 from llmlab_common import rules
-from llmlab_common.catalog import Catalog, SloClass
+from llmlab_common.catalog import Catalog
 from llmlab_common.codes import Code
 from llmlab_common.messages import AttemptEvent, ErrorInfo, Heartbeat, RequestEvent
 
@@ -182,7 +182,7 @@ class _Context:
     gpu_usd_per_hour: float
     price_as_of: str
     slo_class: str | None
-    slo: SloClass | None
+    slo: rules.SloLimits | None
 
 
 # Keyed by (catalog, deployment, model, plan, route's SLO class): catalogs are immutable and few
@@ -213,7 +213,7 @@ def _context(catalog: Catalog, deployment: str, model: str, plan: str, route_slo
         gpu_usd_per_hour=(gpu.usd_per_hour * dep.gpu_count) if gpu and dep else 0.0,
         price_as_of=str(price.as_of) if price else "",
         slo_class=slo_name,
-        slo=catalog.slo_classes.get(slo_name) if slo_name else None,
+        slo=rules.SloLimits.of(catalog.slo_classes[slo_name]) if slo_name in catalog.slo_classes else None,
     )
     if len(_CONTEXTS) >= 10_000:  # unknown names from malformed events must not grow it forever
         _CONTEXTS.clear()
@@ -221,14 +221,16 @@ def _context(catalog: Catalog, deployment: str, model: str, plan: str, route_slo
     return hit
 
 
-def _slo_verdicts(ev: AttemptEvent, slo: SloClass | None) -> tuple[int | None, int | None, int | None, int | None]:
+def _slo_verdicts(
+    ev: AttemptEvent, slo: rules.SloLimits | None
+) -> tuple[int | None, int | None, int | None, int | None]:
     """(ttft, tpot, e2e, all) against the attempt's SLO class (:func:`llmlab_common.rules.slo_verdict`);
     None where there is no limit or no figure to judge."""
     if slo is None:
         return None, None, None, None
     t = ev.timings
     v = rules.slo_verdict(
-        rules.SloLimits.of(slo),
+        slo,
         answered=ev.outcome == "completed",
         # Client-side TTFT: NATS queue wait + engine TTFT (engine queue and prefill).
         ttft_s=t.nats_queue_s + t.ttft_s if t is not None and t.ttft_s is not None else None,
