@@ -79,9 +79,17 @@ async def stop_sequence_on_completions(stack: Stack, e: EngineUnderTest, prompt:
 async def cancel_stops_generation_on_the_engine(stack: Stack, e: EngineUnderTest) -> None:
     stack.worker(e.engine, e.pool, e.url)
     async with WorkerClient(stack.namespace) as client:
-        # Greedy decoding of this prompt runs far past the tokens we wait for.
+        # The attempt must still be generating when the cancel lands. Greedy output differs between
+        # CPU instruction sets, so the end-of-text tokens (ids 0-2 in SmolLM2's vocabulary) are
+        # banned instead of trusting this prompt never to end early.
         req = client.request(
-            "r3", e.pool, e.model, prompt="Once upon a time, in a land far away,", max_tokens=1500, temperature=0.0
+            "r3",
+            e.pool,
+            e.model,
+            prompt="Once upon a time, in a land far away,",
+            max_tokens=1500,
+            temperature=0.0,
+            logit_bias={"0": -100.0, "1": -100.0, "2": -100.0},
         )
         await client.publish(req)
         assert isinstance(await client.next("r3"), StreamStarted)
@@ -98,8 +106,10 @@ async def cancel_stops_generation_on_the_engine(stack: Stack, e: EngineUnderTest
             raw = await client.events(client.topo.attempt_event_subject, timeout=0.5)
             if raw:
                 break
+        assert raw, "no attempt event after the cancel"
         ev = AttemptEvent.model_validate_json(raw[0])
-        assert ev.outcome == "cancelled" and ev.usage is not None and 0 < ev.usage.completion_tokens < 1500
+        assert ev.outcome == "cancelled", ev
+        assert ev.usage is not None and 0 < ev.usage.completion_tokens < 1500, ev
 
 
 async def heartbeat_carries_engine_load(stack: Stack, e: EngineUnderTest) -> None:
