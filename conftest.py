@@ -1,1 +1,1 @@
-pytest_plugins = ["llmlab_testkit.fixtures", "llmlab_testkit.vllm"]
+pytest_plugins = ["llmlab_testkit.fixtures", "llmlab_testkit.vllm", "pytester"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Iterator
 
 import pytest
@@ -14,7 +13,6 @@ from redis.asyncio import Redis
 from llmlab_testkit.procs import Stack, unique_namespace
 
 DEV_KEY = "sk-llmlab-dev"
-log = logging.getLogger(__name__)
 
 
 async def _cleanup(namespace: str, nats_url: str, redis_url: str) -> None:
@@ -34,13 +32,16 @@ async def _cleanup(namespace: str, nats_url: str, redis_url: str) -> None:
 
 @pytest.fixture
 def stack() -> Iterator[Stack]:
-    """A fresh namespace (streams, subjects, consumers) per test, deleted afterwards."""
+    """A fresh namespace (streams, subjects, consumers) per test, deleted afterwards. A process of
+    the stack that exited without being stopped or killed by the test fails it (a crash that the
+    test's own assertions happened not to notice)."""
     s = Stack(namespace=unique_namespace())
     try:
         yield s
     finally:
-        failed = [p for p in s.procs if p.proc is not None and p.proc.poll() not in (None, 0, -15)]
+        crashed = [p for p in s.procs if p.crashed()]
+        report = [f"{p.name} exited {p.proc.returncode if p.proc else '?'}; log tail:\n{p.tail()}" for p in crashed]
         s.close()
-        for p in failed:
-            log.warning("%s exited %s; log tail:\n%s", p.name, p.proc.returncode if p.proc else "?", p.tail())
         asyncio.run(_cleanup(s.namespace, s.nats_url, s.redis_url))
+    if report:
+        pytest.fail("a process of the stack crashed during the test:\n" + "\n".join(report), pytrace=False)

@@ -41,6 +41,11 @@ class ManagedProcess:
     ready_url: str | None = None
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path = field(default_factory=lambda: LOG_DIR / "unset.log")
+    stopped: bool = False  # the harness (kill/stop) ended it: any other exit is a crash
+
+    def crashed(self) -> bool:
+        """Exited while nobody asked it to (fails the running test: see ``fixtures.stack``)."""
+        return self.proc is not None and not self.stopped and self.proc.poll() is not None
 
     def start(self) -> ManagedProcess:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
@@ -93,6 +98,7 @@ class ManagedProcess:
             os.killpg(self.proc.pid, sig)
 
     def kill(self) -> None:
+        self.stopped = True
         if self.alive():
             assert self.proc is not None
             self._signal_group(signal.SIGKILL)
@@ -101,6 +107,7 @@ class ManagedProcess:
     def stop(self, timeout: float = 15.0) -> int | None:
         if self.proc is None:
             return None
+        self.stopped = True
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
