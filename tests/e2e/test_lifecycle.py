@@ -17,6 +17,8 @@ HELLO = [{"role": "user", "content": "hello"}]
 
 
 async def test_worker_that_loses_its_engine_stops_pulling_and_reports_unready(stack: Stack) -> None:
+    """Catches: a worker that keeps pulling work (and failing it) while its engine is down, a /ready
+    that stays 200, and a gateway answer that is not a 503 ``no_workers``."""
     sim = stack.sim("vllm", LLAMA)
     w = stack.worker("vllm", "gpu-vllm", url(sim), heartbeat_s=0.2)
     gw = stack.gateway()
@@ -27,7 +29,21 @@ async def test_worker_that_loses_its_engine_stops_pulling_and_reports_unready(st
     # the gateway sees no ready worker of the pool: a clear 503, not a hang
     with pytest.raises(openai.InternalServerError) as exc:
         await client(gw).chat.completions.create(model=LLAMA, messages=HELLO, max_tokens=2)
-    assert exc.value.status_code == 503
+    assert exc.value.status_code == 503 and exc.value.code == "no_workers"
+    # Work published straight to the pool is never delivered: the worker no longer pulls. (A pull
+    # still open when the engine died may deliver for up to its expiry, 0.5 s, and the worker NAKs
+    # what it gets; wait that out first.)
+    await asyncio.sleep(1.0)
+    async with WorkerClient(stack.namespace) as wc:
+        assert wc.nc is not None
+        await wc.publish(wc.request("unpulled", "gpu-vllm", LLAMA, prompt="hi", max_tokens=2))
+        await asyncio.sleep(2.0)  # four pull expiries: a pulling worker would have taken it
+        assert wc.replies["unpulled"].empty(), "the unready worker took the request"
+        js = wc.nc.jetstream()
+        info = await js.consumer_info(wc.topo.requests_stream, wc.topo.pool_consumer("gpu-vllm"))
+        kept = (await js.stream_info(wc.topo.requests_stream)).state.messages
+    assert (kept, info.num_pending, info.num_ack_pending, info.num_redelivered) == (1, 1, 0, 0), info
+    assert metric(w, "llmlab_worker_attempts_total") == 1  # the first request only
 
 
 async def test_sigterm_drains_a_worker_without_cutting_its_stream(stack: Stack) -> None:

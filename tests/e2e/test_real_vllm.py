@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from llmlab_testkit.budget import BudgetAdmin
 from llmlab_testkit.e2e import client, eventually
 from llmlab_testkit.fixtures import DEV_KEY
 from llmlab_testkit.procs import Stack, url
@@ -76,3 +77,34 @@ async def test_client_disconnect_stops_real_vllm(stack: Stack, vllm_url: str) ->
     await eventually(
         lambda: vllm_gauge(vllm_url, "vllm:num_requests_running") == 0, timeout=10, what="vLLM aborts the request"
     )
+
+
+async def test_settlement_charges_the_tokens_real_vllm_counted(stack: Stack, vllm_url: str) -> None:
+    """Catches: a settlement that charges the gateway's own estimate of the prompt (the
+    reservation's) or drops the prompt or the output from the charge, instead of what the engine
+    counted (read here from vLLM's own counters, not from our messages)."""
+    stack.worker("vllm", "cpu-vllm", vllm_url)
+    admin = BudgetAdmin(url(stack.budget()))
+    gw = stack.gateway(auth="budget")
+    p = admin.provision("pro", {"key": {"daily_tokens": 100_000}})
+    counters = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+    before = [vllm_gauge(vllm_url, n) for n in counters]
+    messages = [
+        {"role": "system", "content": "You are a terse assistant. Answer with one word, lower case."},
+        {"role": "user", "content": "Which colour is the sky on a clear day, seen from the ground?"},
+    ]
+    r = await client(gw, p.api_key).chat.completions.create(
+        model=SERVED_NAME,
+        messages=messages,
+        max_tokens=5,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    prompt, generated = (vllm_gauge(vllm_url, n) - b for n, b in zip(counters, before, strict=True))
+    assert prompt > 20 and generated == r.usage.completion_tokens  # type: ignore[union-attr]
+    assert r.usage is not None and r.usage.prompt_tokens == prompt
+
+    def day() -> dict[str, int]:
+        return admin.usage("key", p.key_id)["day"]  # type: ignore[no-any-return]
+
+    await eventually(lambda: day()["used"] == prompt + generated, timeout=10, what=f"{prompt + generated} settled")
+    assert day()["reserved"] == 0

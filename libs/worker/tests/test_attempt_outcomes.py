@@ -1,0 +1,193 @@
+"""The worker lifecycle's per-attempt logic (``Worker._run``) with a scripted engine and fake NATS
+plumbing: which terminal message goes out, what the attempt event says, that the message is acked
+and the slot given back, for each way an attempt ends."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from llmlab_common.catalog import load_catalog
+from llmlab_common.messages import (
+    AttemptEvent,
+    InferenceRequest,
+    SamplingParams,
+    StreamEnd,
+    StreamError,
+    StreamStarted,
+    TokenChunk,
+    Usage,
+)
+from llmlab_common.metrics import Metrics
+from llmlab_common.settings import DEFAULT_CATALOG
+from llmlab_worker.engine import EngineEvent, EngineRequestError, OpenAIEngineAdapter
+from llmlab_worker.lifecycle import Worker, _Running
+from llmlab_worker.settings import WorkerSettings
+from pydantic import TypeAdapter
+
+pytestmark = pytest.mark.unit
+Reply = TypeAdapter(StreamStarted | TokenChunk | StreamEnd | StreamError)
+
+
+class ScriptedEngine(OpenAIEngineAdapter):
+    """Yields ``script`` items: text, an EngineEvent, an exception to raise, or a float to sleep."""
+
+    engine = "vllm"
+
+    def __init__(self, script: list[Any]) -> None:
+        self.script = script
+        self.closed = False
+
+    async def stream(self, req: InferenceRequest) -> AsyncGenerator[EngineEvent, None]:
+        try:
+            for item in self.script:
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, float):
+                    await asyncio.sleep(item)
+                elif isinstance(item, EngineEvent):
+                    yield item
+                else:
+                    yield EngineEvent(at=time.monotonic(), text=item)
+        finally:
+            self.closed = True
+
+
+@dataclass
+class FakeMsg:
+    num_delivered: int = 1
+    acks: int = 0
+
+    @property
+    def metadata(self) -> Any:
+        return type("Meta", (), {"num_delivered": self.num_delivered})()
+
+    async def ack(self) -> None:
+        self.acks += 1
+
+
+@dataclass
+class FakeJS:
+    events: list[AttemptEvent] = field(default_factory=list)
+
+    async def publish(self, subject: str, payload: bytes, **_: Any) -> None:
+        self.events.append(AttemptEvent.model_validate_json(payload))
+
+
+def _worker(script: list[Any]) -> tuple[Worker, list[Any], FakeJS]:
+    settings = WorkerSettings(pool="gpu-vllm", worker_id="w1", max_concurrency=2, coalesce_ms=0)
+    w = Worker(settings, ScriptedEngine(script), load_catalog(DEFAULT_CATALOG), Metrics("llmlab"))
+    sent: list[Any] = []
+    w.publish_nowait = lambda subject, payload: sent.append(Reply.validate_json(payload))  # type: ignore[method-assign]
+    js = FakeJS()
+    w.js = js  # type: ignore[assignment]
+    return w, sent, js
+
+
+def _req(**kw: Any) -> InferenceRequest:
+    now = time.time()
+    fields: dict[str, Any] = {
+        "request_id": "r1",
+        "attempt": 1,
+        "gateway_id": "g1",
+        "reply_subject": "tok",
+        "endpoint": "chat",
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "deployment": "llama-8b-vllm",
+        "pool": "gpu-vllm",
+        "messages": [{"role": "user", "content": "hi"}],
+        "params": SamplingParams(max_tokens=8),
+        "created_at": now,
+        "dispatched_at": now,
+        "start_deadline": now + 5,
+        "deadline": now + 60,
+    }
+    return InferenceRequest(**(fields | kw))
+
+
+async def _run(w: Worker, req: InferenceRequest, msg: FakeMsg | None = None) -> _Running:
+    await w.capacity.take_up_to(1)  # as the pull feeder does before the handler
+    run = _Running(req=req, msg=msg or FakeMsg())  # type: ignore[arg-type]
+    w.running[(req.request_id, req.attempt)] = run
+    run.task = asyncio.create_task(w._run(run))
+    return run
+
+
+def _kinds(sent: list[Any]) -> list[str]:
+    return [type(m).__name__ for m in sent]
+
+
+async def test_completed_attempt_ends_with_usage_and_one_completed_event() -> None:
+    """Catches: a completed attempt without StreamEnd, with lost usage, unacked, or holding its slot."""
+    usage = Usage(prompt_tokens=5, completion_tokens=3, total_tokens=8)
+    w, sent, js = _worker(["a", "b", "c", EngineEvent(at=time.monotonic(), finish_reason="stop", usage=usage)])
+    run = await _run(w, _req())
+    assert run.task is not None
+    await run.task
+    assert _kinds(sent) == ["StreamStarted", "TokenChunk", "TokenChunk", "TokenChunk", "StreamEnd"]
+    assert [m.seq for m in sent] == [0, 1, 2, 3, 4]
+    assert sent[-1].usage == usage and sent[-1].finish_reason == "stop"
+    assert [(e.outcome, e.usage) for e in js.events] == [("completed", usage)]
+    assert run.msg.acks == 1 and w.capacity.free == 2 and not w.running  # type: ignore[attr-defined]
+
+
+async def test_cancel_mid_stream_counts_the_delivered_tokens_and_closes_the_engine_stream() -> None:
+    """Catches: a cancelled attempt reported without usage (nothing to charge for what was
+    delivered), a StreamEnd sent after a cancel, or an engine stream left open."""
+    w, sent, js = _worker(["a", "b", 5.0, "never"])
+    run = await _run(w, _req())
+    assert run.task is not None
+    while len(sent) < 3:
+        await asyncio.sleep(0.01)
+    run.task.cancel()
+    await asyncio.gather(run.task, return_exceptions=True)
+    assert _kinds(sent) == ["StreamStarted", "TokenChunk", "TokenChunk"]
+    assert [(e.outcome, e.usage.completion_tokens if e.usage else None) for e in js.events] == [("cancelled", 2)]
+    assert w.adapter.closed and run.msg.acks == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("script", "retryable", "before_first", "code"),
+    [
+        ([EngineRequestError(503, "overloaded")], True, True, "engine_error"),
+        (["a", EngineRequestError(503, "died")], False, False, "engine_error"),
+        ([EngineRequestError(400, "prompt too long")], False, True, "engine_rejected"),
+        ([EngineRequestError(0, "connection refused")], True, True, "engine_error"),
+    ],
+)
+async def test_engine_errors_are_retryable_only_before_the_first_token_and_if_not_the_clients(
+    script: list[Any], retryable: bool, before_first: bool, code: str
+) -> None:
+    """Catches: a retry after tokens reached the client (duplicated text), or a retry of a request
+    the engine rejected as invalid (the same error again, on another GPU)."""
+    w, sent, js = _worker(script)
+    run = await _run(w, _req())
+    assert run.task is not None
+    await run.task
+    end = sent[-1]
+    assert isinstance(end, StreamError)
+    assert (end.retryable, end.before_first_token, end.error.code) == (retryable, before_first, code)
+    assert [e.outcome for e in js.events] == ["engine_error"] and run.msg.acks == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("why", "outcome"),
+    [("cancelled", "cancelled"), ("expired", "expired")],
+)
+async def test_attempts_dropped_before_start_never_reach_the_engine(why: str, outcome: str) -> None:
+    """Catches: an attempt cancelled (or past its start deadline) before it was pulled that still
+    runs on the engine, or one dropped without an ack (it would be redelivered)."""
+    w, sent, js = _worker(["a"])
+    req = _req(start_deadline=time.time() - 1) if why == "expired" else _req()
+    if why == "cancelled":
+        w.cancelled[(req.request_id, None)] = time.monotonic() + 60
+    run = await _run(w, req)
+    assert run.task is not None
+    await run.task
+    assert sent == [] and not w.adapter.closed  # type: ignore[attr-defined]
+    assert [(e.outcome, e.usage) for e in js.events] == [(outcome, None)]
+    assert run.msg.acks == 1 and w.capacity.free == 2  # type: ignore[attr-defined]
