@@ -13,11 +13,39 @@ pytestmark = pytest.mark.unit
 
 
 def test_gate_passes_on_the_checked_in_baseline(capsys: pytest.CaptureFixture[str]) -> None:
+    """Catches: a gate that claims to check overspend while it has no budget hook (it must say n/a)."""
     t0 = time.perf_counter()
     assert gate.main([]) == 0
     assert time.perf_counter() - t0 < 10
     out = capsys.readouterr().out
-    assert "PASS" in out and "simulated" in out and "overspend" in out
+    assert "PASS" in out and "simulated" in out
+    assert "overspend: n/a (no budget hook plugged in)" in out
+    row = next(line.split() for line in out.splitlines() if line.strip().startswith("overspend_usd"))
+    assert row[1:] == ["n/a", "n/a", "5%", "n/a"]  # baseline, current, tolerance, status
+
+
+def test_overspend_is_gated_once_a_budget_hook_is_plugged_in(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Catches: an overspend figure the gate computes but never compares with its baseline."""
+    cfg = yaml.safe_load(gate.DEFAULT_CONFIG.read_text())
+    cfg["baseline"]["overspend_usd"] = 0.0
+    cfg["tolerance"]["overspend_usd"] = 0.0
+    path = tmp_path / "gate.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    seen: list[int] = []
+
+    def hook(seqs: object) -> dict[str, float]:
+        seen.append(len(seqs))  # type: ignore[arg-type]
+        return {"overspend_usd": 0.25}
+
+    monkeypatch.setattr(gate, "OVERSPEND_HOOK", hook)
+    assert gate.main(["--config", str(path)]) == 1
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines() if line.strip().startswith("overspend_usd"))
+    assert row[1:3] == ["0", "0.25"] and row[-1] == "REGRESSION"
+    requests = len(Path(cfg["trace"]).read_text().splitlines()) - 1  # a header line, then one per request
+    assert seen == [requests]  # the hook saw every replayed request of the gate's trace
 
 
 def test_gate_fails_when_the_engine_gets_slower(capsys: pytest.CaptureFixture[str]) -> None:
