@@ -11,7 +11,7 @@ TEST_MARKERS ?= not gpu
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-vllm infra test test-unit test-e2e lint format up down status demo bench report costmodel router-eval \
+.PHONY: help install install-vllm infra test mutants test-unit test-e2e lint format up down status demo bench report costmodel router-eval \
         experiments experiments-quick gpu-smoke \
         compose-up compose-down clean
 
@@ -34,6 +34,9 @@ infra: ## make sure NATS (JetStream) and Redis run on localhost (starts them if 
 
 test: install infra install-vllm ## run every tier that runs here: unit, integration, e2e, vllm_cpu
 	$(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS)
+
+mutants: install infra ## break the code on purpose (tests/mutations.toml) and require the guarding tests to fail
+	$(PY) -m llmlab_testkit.mutants
 
 test-unit: install ## only the pure unit tests (no network)
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
