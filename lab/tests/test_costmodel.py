@@ -37,10 +37,16 @@ HAND = {
     "revenue_per_user_request": (0.00067123, "0.00067123"),
     "gross_margin_per_user_request": (0.00066485, "0.00066485"),
 }
-HAND_API_MONTHLY = (1813.15, "1,813.15")
+HAND_API_MONTHLY = (1338.81, "1,338.81")
 HAND_BREAK_EVEN = (6.527e6, "6.527M")
-HAND_CHEAPER_FROM = (8.901e6, "8.901M")
-HAND_STAYS_FROM = (14.09e6, "14.09M")
+HAND_CHEAPER_FROM = (38.64e6, "38.64M")
+HAND_STAYS_FROM = (71.43e6, "71.43M")
+# The API's side of the worked example (step 10): prompt tokens at $0.10/1M, output tokens at $0.20/1M.
+HAND_API = {
+    "input_token_cost": (0.000192382, "0.000192382"),
+    "output_token_cost": (0.000062724, "0.000062724"),
+    "cost_per_served_request": (0.00026629, "0.00026629"),
+}
 
 
 def _close(actual: float, expected: float, digits_text: str) -> bool:
@@ -79,6 +85,17 @@ def test_cli_reproduces_the_worked_example(cli_out: dict[str, Any]) -> None:
         (ans["self_hosting_cheaper_from"]["stays_from"], HAND_STAYS_FROM),
     ):
         assert text in doc and _close(got, value, text), (got, value)
+
+
+@pytest.mark.unit
+def test_api_bills_prompt_and_output_tokens_at_their_own_prices(cli_out: dict[str, Any]) -> None:
+    """Catches: the external API's input and output prices swapped (or one used for both)."""
+    row = next(
+        r for r in cli_out["rows"] if (r["deployment"], r["case"], r["traffic"]) == ("api-llama-8b", "base", "medium")
+    )
+    doc = DOC.read_text()
+    for key, (value, text) in HAND_API.items():
+        assert text in doc and _close(row["breakdown"][key], value, text), (key, row["breakdown"][key], value)
 
 
 @pytest.mark.unit
