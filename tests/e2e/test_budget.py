@@ -8,7 +8,7 @@ import time
 import httpx
 import openai
 import pytest
-from llmlab_testkit.budget import BudgetAdmin, Provisioned
+from llmlab_testkit.budget import BudgetAdmin, Provisioned, Stream
 from llmlab_testkit.e2e import LLAMA, client, eventually, sim_stats
 from llmlab_testkit.procs import ManagedProcess, Stack, url
 
@@ -17,9 +17,9 @@ HELLO = [{"role": "user", "content": "hello there"}]
 
 
 def budget_stack(
-    stack: Stack, output_len: int = 8, **gw_env: str
+    stack: Stack, output_len: int = 8, itl_ms: float = 5, **gw_env: str
 ) -> tuple[ManagedProcess, ManagedProcess, BudgetAdmin]:
-    sim = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=5, output_len=output_len)
+    sim = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=itl_ms, output_len=output_len)
     stack.worker("vllm", "gpu-vllm", url(sim))
     budget = stack.budget()
     gw = stack.gateway(auth="budget", env=gw_env)
@@ -27,7 +27,14 @@ def budget_stack(
 
 
 def day(admin: BudgetAdmin, p: Provisioned, scope: str = "key") -> dict:
-    return admin.usage(scope, p.scope_id(scope))["day"]  # type: ignore[no-any-return]
+    return admin.day(p, scope)
+
+
+def estimated_input(*texts: str) -> int:
+    """The gateway's prompt estimate by the documented rule (docs/budgets.md), computed here by
+    hand: one token per 3 UTF-8 bytes rounded up, per message, + 4 per message + 3 per
+    conversation."""
+    return 3 + sum(4 + -(-len(t.encode()) // 3) for t in texts)
 
 
 async def test_request_is_reserved_then_settled_at_actual_usage(stack: Stack) -> None:
@@ -93,16 +100,52 @@ async def test_revoked_key_is_refused_at_once_and_rotation_hands_over(stack: Sta
         await client(gw, "sk-llm-not-a-key").models.list()
 
 
-async def test_rate_and_concurrency_limits_are_429_with_retry_after(stack: Stack) -> None:
+async def test_rpm_limit_is_429_with_retry_after(stack: Stack) -> None:
+    """Catches: an RPM check that admits one request too many in a minute, or refuses with the
+    wrong error (type rate_limit_error, code rate_limit_exceeded, Retry-After within the minute)."""
     _sim, gw, admin = budget_stack(stack)
     p = admin.provision("pro", {"key": {"rpm": 3}})
     c = client(gw, p.api_key)
+    if 60 - time.time() % 60 < 10:  # the four requests must fall in one calendar minute
+        await asyncio.sleep(60 - time.time() % 60 + 0.2)
     for _ in range(3):
         await c.chat.completions.create(model=LLAMA, messages=HELLO, max_tokens=2)
     with pytest.raises(openai.RateLimitError) as exc:
         await c.chat.completions.create(model=LLAMA, messages=HELLO, max_tokens=2)
     assert exc.value.body["type"] == "rate_limit_error"  # type: ignore[index]
+    assert exc.value.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
     assert 1 <= int(exc.value.response.headers["retry-after"]) <= 60
+
+
+async def test_concurrency_limit_refuses_the_extra_stream_and_frees_a_slot_at_settlement(stack: Stack) -> None:
+    """Catches: a concurrency check that admits N+1 streams (off by one, or not checked); a
+    refusal with the wrong error (429 rate_limit_error / concurrency_limit_exceeded, Retry-After
+    1); a slot that is not given back when a request settles (the next one refused forever)."""
+    # 100 ms between tokens: the short stream lasts ~4 s, the long one until the test closes it.
+    sim, gw, admin = budget_stack(stack, output_len=400, itl_ms=100)
+    p = admin.provision("pro", {"key": {"max_concurrent": 2}})
+    async with httpx.AsyncClient(timeout=30) as h:
+        short = await Stream(h, url(gw), p.api_key, max_tokens=40).open()
+        long = await Stream(h, url(gw), p.api_key, max_tokens=400).open()
+        assert (short.status, long.status) == (200, 200)
+        assert admin.concurrent(p) == 2
+        extra = await Stream(h, url(gw), p.api_key, max_tokens=5).open()  # the N+1th, while both stream
+        assert extra.status == 429, extra.error
+        assert extra.error["type"] == "rate_limit_error"
+        assert extra.error["code"] == "concurrency_limit_exceeded"
+        assert extra.headers["retry-after"] == "1"
+        assert not short.done and not long.done  # it was refused while two streams were open
+        assert sim_stats(sim)["received"] == 2  # the refused one never reached the engine
+        await short.finish_all()
+        assert short.finish == "length" and short.usage is not None
+        # The slot comes back when the short request settles; the long one still holds its own.
+        await eventually(lambda: admin.concurrent(p) == 1, what="the short request's slot given back")
+        after = await Stream(h, url(gw), p.api_key, max_tokens=3).open()
+        assert after.status == 200, after.error
+        await after.finish_all()
+        assert not long.done  # admitted while the long stream still held the other slot
+        await long.close()  # client disconnect: settled as cancelled, its slot given back too
+    await eventually(lambda: admin.concurrent(p) == 0 and day(admin, p)["reserved"] == 0, what="every slot given back")
 
 
 async def test_budget_service_down_is_503_not_a_hang(stack: Stack) -> None:
@@ -119,29 +162,73 @@ async def test_budget_service_down_is_503_not_a_hang(stack: Stack) -> None:
 
 
 async def test_client_cancel_pays_input_plus_delivered(stack: Stack) -> None:
-    _sim, gw, admin = budget_stack(stack, output_len=400)
+    """Catches: a cancelled request charged anything but its estimated input plus exactly the
+    tokens relayed before the client left (its reservation, its input only, the tokens only,
+    one token more or less than delivered)."""
+    # 800 ms between tokens: the gateway sees the disconnect long before the next token, so
+    # what it relayed is exactly what the client received.
+    _sim, gw, admin = budget_stack(stack, output_len=400, itl_ms=800)
     p = admin.provision("pro", {"key": {"daily_tokens": 1_000_000}})
-    got = 0
-    async with (
-        httpx.AsyncClient() as h,
-        h.stream(
-            "POST",
-            url(gw) + "/v1/chat/completions",
-            headers={"Authorization": f"Bearer {p.api_key}"},
-            json={"model": LLAMA, "messages": HELLO, "stream": True, "max_tokens": 400},
-            timeout=10,
-        ) as r,
-    ):
-        async for line in r.aiter_lines():
-            if '"content":"' in line and '"content":""' not in line:
-                got += 1
-            if got >= 5:
-                break
+    async with httpx.AsyncClient(timeout=30) as h:
+        s = await Stream(h, url(gw), p.api_key, max_tokens=400).open()
+        assert s.status == 200, s.error
+        await s.read(3)
+        await s.close()  # the client leaves after 3 tokens
+    assert s.tokens == 3 and not s.done
     await eventually(lambda: day(admin, p)["reserved"] == 0, what="settlement of the cancelled request")
-    used = day(admin, p)["used"]
-    # Input estimate (11) plus what the gateway had relayed when the client left: at least the
-    # 5 we read, far less than the 400 the request could have produced.
-    assert 11 + 5 <= used < 11 + 100, used
+    # 'hello there' (11 bytes) is estimated at 4 + 4 + 3 = 11 input tokens; the reservation was
+    # 11 + 400. The request pays that input and the 3 tokens it received.
+    assert estimated_input("hello there") == 11
+    assert day(admin, p)["used"] == 11 + 3
+    await asyncio.sleep(1)  # the worker's own 'cancelled' event comes later: it changes nothing
+    assert day(admin, p)["used"] == 11 + 3
+
+
+async def test_two_tenants_streaming_at_once_are_each_charged_their_own_usage(stack: Stack) -> None:
+    """Catches: ledgers shared between tenants (a key, user, team or tenant ledger that does not
+    include its id: each tenant charged the other's tokens); a request charged to another key's
+    identity (e.g. a mis-keyed identity cache); one tenant's spent budget refusing another."""
+    _sim, gw, admin = budget_stack(stack, output_len=60)
+    # Tenant A has room for exactly one 50-token answer: 256 margin + 11 input + 50 output + 10.
+    # After it, at most 10 - (its engine-counted prompt) output tokens are left: below the
+    # 16-token minimum, so A's next request is refused.
+    a = admin.provision("pro", {"tenant": {"daily_tokens": 256 + 11 + 50 + 10}})
+    b = admin.provision("pro", {"tenant": {"daily_tokens": 1_000_000}})
+    async with httpx.AsyncClient(timeout=30) as h:
+
+        async def full(key: str, max_tokens: int, text: str) -> Stream:
+            return await (await Stream(h, url(gw), key, max_tokens, text).open()).finish_all()
+
+        # Both tenants at once: A one stream, B three (different prompts, different lengths).
+        first = await asyncio.gather(
+            full(a.api_key, 50, "hello there"),
+            *(full(b.api_key, 20, f"tenant b asks question {i}") for i in range(3)),
+        )
+        for s in first:
+            assert s.status == 200 and s.usage is not None, s.error
+        assert first[0].usage["completion_tokens"] == 50  # type: ignore[index]
+        spent_a = first[0].usage["total_tokens"]  # type: ignore[index]
+        spent_b = sum(s.usage["total_tokens"] for s in first[1:])  # type: ignore[index]
+
+        def settled() -> bool:
+            return day(admin, a, "tenant")["reserved"] == 0 and day(admin, b, "tenant")["reserved"] == 0
+
+        await eventually(settled, what="both tenants settled")
+        # A is spent now; at the same moment B asks again and must get its full answer.
+        refused, again = await asyncio.gather(
+            Stream(h, url(gw), a.api_key, 50).open(), full(b.api_key, 20, "tenant b asks once more")
+        )
+    assert refused.status == 429 and refused.error["type"] == "insufficient_quota", refused.error
+    assert "tenant limit" in refused.error["message"]
+    assert again.status == 200 and again.usage is not None, again.error
+    assert again.usage["completion_tokens"] == 20  # not clamped by A's spent budget
+    spent_b += again.usage["total_tokens"]
+    await eventually(settled, what="both tenants settled again")
+    for scope in ("key", "user", "team", "tenant"):
+        assert day(admin, a, scope)["used"] == spent_a, scope
+        assert day(admin, b, scope)["used"] == spent_b, scope
+        assert admin.usage(scope, a.scope_id(scope))["month"]["used"] == spent_a, scope
+        assert admin.usage(scope, b.scope_id(scope))["month"]["used"] == spent_b, scope
 
 
 async def test_request_retried_after_its_worker_died_is_charged_once(stack: Stack) -> None:
