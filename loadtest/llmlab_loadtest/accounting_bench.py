@@ -328,8 +328,11 @@ def one_run(cfg: Config, rep: int, phase: str, rate: int) -> dict[str, Any]:
         nats1 = cpu_seconds(nats_server)
         progress, pub_cpu_s = q.get(timeout=60)
         pub.join(30)
-        dedup = client.post(
-            "/admin/v1/query", json={"sql": "SELECT count(), uniqExact(request_id, attempt) FROM attempts"}
+        # The raw table (every stored copy; the view would keep one row per attempt whatever it
+        # holds) and the same through FINAL (what reports see).
+        raw_final = client.post(
+            "/admin/v1/query",
+            json={"sql": "SELECT (SELECT count() FROM attempts_raw), (SELECT count() FROM attempts_raw FINAL)"},
         ).json()["rows"][0]
     finally:
         client.close()
@@ -365,7 +368,7 @@ def one_run(cfg: Config, rep: int, phase: str, rate: int) -> dict[str, Any]:
         "rate_offered": rate,
         "events": total,
         "visible_events": samples[-1][1],
-        "view_count_and_uniq": dedup,
+        "raw_and_final_rows": raw_final,
         "publish_rate_achieved": total / max(last_pub - first_pub, 1e-9),
         "end_to_end_events_per_s": total / elapsed if elapsed else None,
         "steady_events_per_s_20_80": slope,
@@ -429,7 +432,9 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     s["result"] = "MET" if worst_rate >= TARGET_RATE and worst_vis <= TARGET_VISIBILITY_S else "MISS"
     s["worst_steady_events_per_s"] = worst_rate
     s["worst_visibility_s_max"] = worst_vis
-    s["exactly_once"] = all(r["view_count_and_uniq"][0] == r["view_count_and_uniq"][1] == r["events"] for r in runs)
+    # Each event is published once with its own request id: exactly once means as many rows as
+    # events in the raw table itself, not only through FINAL.
+    s["exactly_once"] = all(r["raw_and_final_rows"] == [r["events"], r["events"]] for r in runs)
     return s
 
 
@@ -453,7 +458,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"of publishing each ({m['duration']} in all).",
         "",
         f"**{s['result']}**: {s['target']}. Worst repeat: steady ingest {_f(s['worst_steady_events_per_s'])} events/s, "
-        f"visibility max {_f(s['worst_visibility_s_max'], 2)} s; one row per attempt: {s['exactly_once']}.",
+        f"visibility max {_f(s['worst_visibility_s_max'], 2)} s; each event stored once (raw rows = FINAL rows = "
+        f"events published): {s['exactly_once']}.",
         "",
         f"Core speed check (the service's decode of one event on an otherwise idle core, best of 5; compare runs "
         f"of different days by it): {cal['before']:.2f} µs before the runs, {cal['after']:.2f} µs after.",

@@ -5,20 +5,51 @@ test's own so a developer's running stack is not touched."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from llmlab_testkit.fixtures import _cleanup
 from llmlab_testkit.procs import free_port, unique_namespace
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
+# What scripts/demo.py sends that a worker answers, besides its load run: the SDK tour's unary
+# chat, streamed chat and completion (its five error calls are refused before any attempt), and
+# the routing tour's four aliases plus one with a quality floor.
+TOUR_ANSWERED = 3 + 5
+
+
+def demo_load() -> list[tuple[str, int, int, int]]:
+    """The demo's LOAD table (model, concurrent streams, requests per stream, max_tokens)."""
+    spec = importlib.util.spec_from_file_location("llmlab_demo_script", REPO / "scripts" / "demo.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return list(mod.LOAD)
+
+
+def accounting_sql(port: str, query: str) -> list[list[Any]]:
+    r = httpx.post(
+        f"http://127.0.0.1:{port}/admin/v1/query",
+        json={"sql": query},
+        headers={"Authorization": "Bearer sk-admin-dev"},  # the documented dev admin key
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["rows"]  # type: ignore[no-any-return]
 
 
 def test_demo_runs_end_to_end_and_writes_its_report(tmp_path: Path) -> None:
+    """Catches, besides a broken demo: accounting losing or duplicating attempts on the demo's path
+    (the count it prints, and the rows behind it, are those of the requests the demo made; 0 or
+    any other number fails)."""
     ns = unique_namespace()
     env = {
         **os.environ,
@@ -59,8 +90,23 @@ def test_demo_runs_end_to_end_and_writes_its_report(tmp_path: Path) -> None:
         assert "| Qwen/Qwen3-32B | 50 x 2 | 100 | 0 |" in text
         assert '"simulated": true' in text
         assert list((tmp_path / "results").glob("demo-*.png"))
-        # Every request reached ClickHouse (chdb) through accounting; the SQL reports ran on it.
-        assert "attempts in ClickHouse" in out.stdout
+        # Every request reached ClickHouse (chdb) through accounting, once; the SQL reports ran on it.
+        load = demo_load()
+        answered = TOUR_ANSWERED + sum(streams * per_stream for _, streams, per_stream, _ in load)
+        printed = re.search(r"== 5\. cost report: (\d+) attempts in ClickHouse", out.stdout)
+        assert printed is not None, out.stdout[-3000:]
+        assert int(printed.group(1)) == answered
+        port = env["ACCOUNTING_PORT"]
+        # One answered attempt per answered request, each model's load run all there.
+        assert accounting_sql(port, "SELECT count(), countIf(status_class = 'ok') FROM attempts") == [
+            [answered, answered]
+        ]
+        assert accounting_sql(port, "SELECT count() FROM requests WHERE attempts = 1 AND status_class = 'ok'") == [
+            [answered]
+        ]
+        by_model = dict(map(tuple, accounting_sql(port, "SELECT model, count() FROM attempts GROUP BY model")))
+        for model, streams, per_stream, _ in load:
+            assert by_model.get(model, 0) >= streams * per_stream, by_model
         (cost_dir,) = (tmp_path / "results").glob("demo-*-cost")
         assert "meta-llama/Llama-3.1-8B-Instruct" in (cost_dir / "cost_by_model_day.md").read_text()
     finally:

@@ -89,3 +89,17 @@ def attempt_factory() -> Callable[..., AttemptEvent]:
 @pytest.fixture
 def refusal_factory() -> Callable[..., RequestEvent]:
     return make_refusal
+
+
+def _stop_merges(store: Any) -> None:
+    """No background merge on the raw tables of ``store`` (a ``ClickHouseStore``), so that their
+    ``count()`` without FINAL is the number of rows inserted: chdb merges small parts within a
+    second or so, collapsing duplicates at a time of its choosing. A table setting, so it lasts
+    across a reopen of the directory."""
+    for table in ("attempts_raw", "requests_raw"):
+        store.client.command(f"ALTER TABLE {table} MODIFY SETTING max_bytes_to_merge_at_max_space_in_pool = 1")
+
+
+@pytest.fixture
+def stop_merges() -> Callable[[Any], None]:
+    return _stop_merges

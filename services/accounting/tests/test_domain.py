@@ -19,11 +19,15 @@ from llmlab_common.messages import AttemptEvent, ErrorInfo, Heartbeat, RequestEv
 
 pytestmark = pytest.mark.unit
 Factory = Callable[..., AttemptEvent]
+# configs/catalog.yaml list prices, USD per 1M tokens: input and output differ, so a swap shows.
+LLAMA_IN, LLAMA_OUT = 0.10, 0.20
+QWEN_IN, QWEN_OUT = 0.30, 0.90
 
 
 def test_completed_attempt_is_billed_at_engine_counts_and_priced_from_the_catalog(
     catalog: Catalog, attempt_factory: Factory
 ) -> None:
+    """Catches: the input and output prices swapped (or one used for both) when a row is priced."""
     row = attempt_row(attempt_factory(prompt=100, completion=50), catalog, now=1.0)
     assert (row["billed_input_tokens"], row["billed_output_tokens"], row["is_billing"]) == (100, 50, 1)
     assert row["status_class"] == "ok"
@@ -34,7 +38,7 @@ def test_completed_attempt_is_billed_at_engine_counts_and_priced_from_the_catalo
         "H100-SXM",
         1,
     )
-    assert row["input_usd_per_mtok"] == 0.18 and row["output_usd_per_mtok"] == 0.18
+    assert (row["input_usd_per_mtok"], row["output_usd_per_mtok"]) == (LLAMA_IN, LLAMA_OUT)
     assert row["gpu_usd_per_hour"] == pytest.approx(2.99)
     assert row["price_as_of"] == "2026-12-01"
     assert row["started_at"] == pytest.approx(row["ended_at"] - 0.5)
@@ -42,8 +46,10 @@ def test_completed_attempt_is_billed_at_engine_counts_and_priced_from_the_catalo
 
 
 def test_two_gpu_deployment_costs_twice_the_gpu_rate(catalog: Catalog, attempt_factory: Factory) -> None:
+    """Catches: a two-GPU deployment priced as one GPU, or another model's token prices."""
     row = attempt_row(attempt_factory(deployment="qwen3-32b-sglang", model="Qwen/Qwen3-32B"), catalog)
     assert row["gpu_usd_per_hour"] == pytest.approx(2 * 2.99) and row["gpu_count"] == 2
+    assert (row["input_usd_per_mtok"], row["output_usd_per_mtok"]) == (QWEN_IN, QWEN_OUT)
 
 
 def test_failed_attempts_are_not_billed(catalog: Catalog, attempt_factory: Factory) -> None:

@@ -1,5 +1,6 @@
-"""The store on a real chdb directory: views dedup redelivered events, one row per attempt with a
-stated precedence, read-only queries, and the single-writer lock (released after SIGKILL)."""
+"""The store on a real chdb directory: the raw tables keep every insert (at least once), FINAL and
+the views one row per event and per attempt with a stated precedence (exactly once), list costs
+priced per token kind, read-only queries, and the single-writer lock (released after SIGKILL)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from llmlab_accounting.columns import ATTEMPT_SCHEMA, REQUEST_SCHEMA
 from llmlab_accounting.domain import attempt_row, request_row
 from llmlab_accounting.metrics import AccountingMetrics
+from llmlab_accounting.ports import ATTEMPTS_TABLE, REQUESTS_TABLE
 from llmlab_accounting.service import AccountingService, Batch
 from llmlab_accounting.store import ClickHouseStore, StoreLocked, StoreProcess
 from llmlab_common.catalog import Catalog
@@ -22,6 +24,8 @@ from llmlab_common.messages import AttemptEvent, RequestEvent
 from llmlab_common.metrics import Metrics
 
 pytestmark = pytest.mark.integration
+# configs/catalog.yaml: Llama-3.1-8B list prices, USD per 1M tokens (input and output differ on purpose)
+LLAMA_IN, LLAMA_OUT = 0.10, 0.20
 
 
 @pytest.fixture
@@ -39,32 +43,57 @@ def test_redelivered_events_count_once_and_views_pick_one_row_per_attempt(
     catalog: Catalog,
     attempt_factory: Callable[..., AttemptEvent],
     refusal_factory: Callable[..., RequestEvent],
+    stop_merges: Callable[[ClickHouseStore], None],
 ) -> None:
+    """Catches: an insert that writes a batch twice, or drops rows (raw counts are exact with
+    merges stopped); a table key that does not collapse a re-inserted event (FINAL and a forced
+    merge hold exactly one row per event); input and output prices swapped in list cost or in
+    burnt-token cost; the view picking the wrong row of an attempt."""
+    stop_merges(store)
     svc = AccountingService(store, catalog, AccountingMetrics(Metrics("t")))
     events = [
         attempt_factory("r1", 1, "worker_lost", "gateway"),
         attempt_factory("r1", 2, "completed", prompt=100, completion=40),
         attempt_factory("r2", 1, "cancelled", "gateway", prompt=0, completion=5, error_code="client_disconnected"),
         attempt_factory("r2", 1, "cancelled", "worker", prompt=30, completion=9),
+        attempt_factory("r4", 1, "engine_error", prompt=30, completion=9),  # failed on the engine: all burnt
     ]
-    batch = Batch.of([attempt_row(e, catalog) for e in events], [request_row(refusal_factory("r3"), catalog)])
-    for _ in range(3):  # the same batch three times: a crash between insert and ack, twice
-        svc.insert(batch)
-    assert store.query("SELECT count() FROM attempts_raw").rows[0][0] >= 4  # duplicates are stored...
-    count, uniq = store.query("SELECT count(), uniqExact(request_id, attempt) FROM attempts").rows[0]
-    assert count == uniq == 3  # ...and never seen through the views
+    refusals = [refusal_factory("r3")]
+    copies = 3  # the same events decoded and inserted three times: a crash between insert and ack, twice
+    for i in range(copies):
+        now = 1_800_000_000.0 + i  # a redelivery is decoded again: a later ingested_at each time
+        svc.insert(
+            Batch.of([attempt_row(e, catalog, now) for e in events], [request_row(r, catalog, now) for r in refusals])
+        )
+    # Raw: every insert is stored whole (at-least-once), duplicates included...
+    assert store.scalar(f"SELECT count() FROM {ATTEMPTS_TABLE}") == copies * len(events)
+    assert store.scalar(f"SELECT count() FROM {REQUESTS_TABLE}") == copies * len(refusals)
+    # ...FINAL holds exactly one row per event (key: request_id, attempt, source), the latest copy...
+    final = f"SELECT count(), uniqExact(request_id, attempt, source), max(ingested_at) FROM {ATTEMPTS_TABLE} FINAL"
+    n, uniq, latest = store.query(final).rows[0]
+    assert (n, uniq) == (len(events), len(events)) and latest.timestamp() == pytest.approx(1_800_000_000.0 + copies - 1)
+    assert store.scalar(f"SELECT count() FROM {REQUESTS_TABLE} FINAL") == len(refusals)
+    # ...and the views one per (request_id, attempt): r2's attempt 1 has two sources.
+    assert store.query("SELECT count() FROM attempts").rows == [[4]]
     by_key = {
         (r[0], r[1]): tuple(r[2:])
         for r in store.query(
             "SELECT request_id, attempt, source, events, billed_input_tokens, billed_output_tokens, burnt_tokens,"
-            " list_cost_usd FROM attempts"
+            " list_cost_usd, burnt_list_cost_usd FROM attempts"
         ).rows
     }
     assert by_key[("r1", 1)][:5] == ("gateway", 1, 0, 0, 0)
     assert by_key[("r1", 2)][:5] == ("worker", 1, 100, 40, 0)
-    assert by_key[("r1", 2)][5] == pytest.approx(140 * 0.18 / 1e6)
+    # Hand calculation, each token kind at its own catalog price: 100 in × $0.10 + 40 out × $0.20 per 1M.
+    assert by_key[("r1", 2)][5:] == (pytest.approx((100 * LLAMA_IN + 40 * LLAMA_OUT) / 1e6), 0)
     # worker row preferred; billing from the gateway's client-disconnect event (input: the worker's count)
     assert by_key[("r2", 1)][:5] == ("worker", 2, 30, 5, 4)
+    assert by_key[("r2", 1)][5:] == (
+        pytest.approx((30 * LLAMA_IN + 5 * LLAMA_OUT) / 1e6),
+        pytest.approx(4 * LLAMA_OUT / 1e6),  # generated beyond what was delivered: output tokens
+    )
+    assert by_key[("r4", 1)][:5] == ("worker", 1, 0, 0, 39)
+    assert by_key[("r4", 1)][5:] == (0, pytest.approx((30 * LLAMA_IN + 9 * LLAMA_OUT) / 1e6))
     reqs = {
         r[0]: tuple(r[1:])
         for r in store.query(
@@ -75,7 +104,14 @@ def test_redelivered_events_count_once_and_views_pick_one_row_per_attempt(
         "r1": (2, "ok", 200, 140, "llama-8b-vllm>llama-8b-vllm"),
         "r2": (1, "cancelled", 499, 35, "llama-8b-vllm"),
         "r3": (0, "refused_budget", 429, 0, ""),
+        "r4": (1, "server_error", 0, 0, "llama-8b-vllm"),
     }
+    # A merge (forced here) collapses the raw duplicates to exactly what FINAL showed.
+    for table in (ATTEMPTS_TABLE, REQUESTS_TABLE):
+        store.client.command(f"ALTER TABLE {table} RESET SETTING max_bytes_to_merge_at_max_space_in_pool")
+        store.client.command(f"OPTIMIZE TABLE {table} FINAL")
+    assert store.scalar(f"SELECT count() FROM {ATTEMPTS_TABLE}") == len(events)
+    assert store.scalar(f"SELECT count() FROM {REQUESTS_TABLE}") == len(refusals)
 
 
 def test_queries_are_read_only(store: ClickHouseStore) -> None:

@@ -1,5 +1,6 @@
 """The consumer against real NATS JetStream and chdb: batches inserted then acked, malformed events
-dead-lettered without blocking, redelivered events counted once."""
+dead-lettered without blocking, redelivered events stored again in the raw table and counted once
+through FINAL and the views."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.integration
 NATS_URL = "nats://127.0.0.1:4222"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 QWEN = "Qwen/Qwen3-32B"
+LLAMA_IN, LLAMA_OUT = 0.10, 0.20  # configs/catalog.yaml, USD per 1M input / output tokens
 
 
 @pytest.fixture
@@ -59,7 +61,11 @@ async def test_consumer_inserts_acks_dead_letters_and_dedups_redeliveries(
     catalog: Catalog,
     attempt_factory: Callable[..., AttemptEvent],
     refusal_factory: Callable[..., RequestEvent],
+    stop_merges: Callable[[ClickHouseStore], None],
 ) -> None:
+    """Catches: a batch inserted twice or not at all (raw row counts are exact, merges stopped), an
+    event acked before it is stored, a malformed event blocking the consumer, a republished event
+    counted twice after FINAL, input and output prices swapped in the list cost."""
     nc, topo = nats_ns
     js = nc.jetstream()
     settings = AccountingSettings(batch_rows=7, flush_interval_s=0.2, attribution_period_s=3600)
@@ -81,6 +87,7 @@ async def test_consumer_inserts_acks_dead_letters_and_dedups_redeliveries(
     async def run_once(republish: bool) -> list[list[object]]:
         store = ClickHouseStore.open(data_dir=tmp_path / "chdb")
         store.ensure_schema()
+        stop_merges(store)  # raw counts below are rows inserted, not what a merge left
         svc = AccountingService(store, catalog, AccountingMetrics(Metrics("t")))
         decoder = Decoder(catalog, DEFAULT_CATALOG, decode_processes, min_parallel=2)
         tr = AccountingTransport(nc, js, topo, svc, settings, decoder)
@@ -99,19 +106,27 @@ async def test_consumer_inserts_acks_dead_letters_and_dedups_redeliveries(
                 assert time.monotonic() < deadline, info
                 await asyncio.sleep(0.1)
             return store.query(
-                "SELECT count(), uniqExact(request_id, attempt), sum(billed_tokens), sum(list_cost_usd) FROM attempts"
-            ).rows
+                "SELECT (SELECT count() FROM attempts_raw), (SELECT count() FROM requests_raw),"
+                " (SELECT count() FROM attempts_raw FINAL), (SELECT count() FROM requests_raw FINAL),"
+                " (SELECT count() FROM attempts), (SELECT sum(billed_tokens) FROM attempts),"
+                " (SELECT sum(list_cost_usd) FROM attempts)"
+            ).rows[0]
         finally:
             await tr.stop()
             decoder.close()
             store.close()
 
+    # Hand calculation: event i bills 10 + i input tokens at $0.10 and 5 output tokens at $0.20 per 1M.
+    billed = sum(15 + i for i in range(20))
+    list_usd = sum((10 + i) * LLAMA_IN + 5 * LLAMA_OUT for i in range(20)) / 1e6
     first = await run_once(republish=False)
-    assert first[0][:3] == [20, 20, sum(15 + i for i in range(20))]
+    # Each event published once, inserted once: raw = FINAL = 20 attempts and 1 refusal.
+    assert first[:6] == [20, 1, 20, 1, 20, billed] and first[6] == pytest.approx(list_usd)
     await until(lambda: len(dead) == 1, what="dead letter")
     assert dead == [b'{"not": "an event"}']
     second = await run_once(republish=True)
-    assert second == first  # totals unchanged
+    # The 20 republished attempts are stored again (raw 40: at least once), once each after FINAL.
+    assert second[:6] == [40, 1, 20, 1, 20, billed] and second[6] == pytest.approx(list_usd)
     await sub.unsubscribe()
 
 
