@@ -36,7 +36,7 @@ test: install infra install-vllm ## run every tier that runs here: unit, integra
 	$(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS)
 
 mutants: install infra ## break the code on purpose (tests/mutations.toml) and require the guarding tests to fail
-	$(PY) -m llmlab_testkit.mutants
+	$(PY) -m llmlab_testkit.mutants $(MUTANTS_ARGS)
 
 test-unit: install ## only the pure unit tests (no network)
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)

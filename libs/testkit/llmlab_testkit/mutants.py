@@ -7,7 +7,8 @@ broken text, and the tests that must catch it. The runner copies the file's pack
 that copy first on ``PYTHONPATH``: the checkout is never modified, and service processes the tests
 start inherit the same path. A mutation the tests do not catch ("survived") fails the run.
 
-    python -m llmlab_testkit.mutants              # every mutation (make mutants; CI)
+    python -m llmlab_testkit.mutants              # every mutation (make mutants)
+    python -m llmlab_testkit.mutants --ci         # those marked for CI (about 1.5 min)
     python -m llmlab_testkit.mutants --list
     python -m llmlab_testkit.mutants reaper-off   # some, by name
 """
@@ -38,6 +39,7 @@ class Mutation:
     replace: str
     tests: list[str]
     why: str
+    ci: bool = True  # False: only in a full run (make mutants), not in CI's --ci subset
 
     @property
     def package_root(self) -> Path:
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("names", nargs="*", help="only these mutations (default: all)")
     ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     ap.add_argument("--list", action="store_true", help="list the mutations and exit")
+    ap.add_argument("--ci", action="store_true", help="only the mutations marked for CI (ci = true, the default)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutation")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -99,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"unknown mutations: {sorted(unknown)}")
         muts = [m for m in muts if m.name in a.names]
+    if a.ci:
+        muts = [m for m in muts if m.ci]
     if a.list:
         for m in muts:
             log.info("%-28s %s\n%28s %s", m.name, m.why, "", " ".join(m.tests))
