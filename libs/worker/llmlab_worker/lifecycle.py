@@ -1,5 +1,6 @@
-"""The base worker lifecycle: connect, pull with capacity, call the engine, stream back,
-report, drain. Engine specifics live in :mod:`llmlab_worker.engine` adapters."""
+"""The NATS worker: connect, pull with capacity, run each attempt (:mod:`llmlab_worker.attempt`),
+ack and report it, send heartbeats, drain. Publishes go through one ordered outbox
+(:mod:`llmlab_worker.outbox`); engine specifics live in :mod:`llmlab_worker.engine` adapters."""
 
 from __future__ import annotations
 
@@ -8,31 +9,19 @@ import contextlib
 import logging
 import secrets
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from llmlab_common.catalog import Catalog
-from llmlab_common.codes import Code
-from llmlab_common.errors import EngineError, InvalidRequest, LLMLabError, NotFound, PayloadTooLarge, UpstreamTimeout
 from llmlab_common.logging import request_id_var
 from llmlab_common.messages import (
     AliveProbe,
     AliveReply,
     AttemptEvent,
-    AttemptOutcome,
     CancelRequest,
     EngineLoad,
-    ErrorInfo,
-    FinishReason,
     Heartbeat,
     InferenceRequest,
-    StreamEnd,
-    StreamError,
-    StreamStarted,
-    Timings,
-    TokenChunk,
-    Usage,
 )
 from llmlab_common.metrics import TOKEN_BUCKETS, Metrics
 from llmlab_common.natsio import connect, ensure_streams
@@ -43,15 +32,15 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
 
-from llmlab_worker.engine import EngineRequestError, OpenAIEngineAdapter
+from llmlab_worker.attempt import AttemptContext, AttemptResult, run_attempt
+from llmlab_worker.engine import OpenAIEngineAdapter
+from llmlab_worker.outbox import Outbox
 from llmlab_worker.pull import Capacity, PullFeeder
 from llmlab_worker.settings import WorkerSettings
-from llmlab_worker.stats import AttemptClock
 
 log = logging.getLogger(__name__)
 
 CANCEL_MEMORY_S = 600.0  # remember cancels of not-yet-pulled attempts this long
-FINISH_REASONS: set[str] = {"stop", "length", "tool_calls", "content_filter"}
 
 
 class WorkerMetrics:
@@ -82,99 +71,6 @@ class _Running:
     cancel_reason: str | None = None
 
 
-class _Coalescer:
-    """Turns engine chunks into token messages: a chunk goes out at once unless the previous
-    flush was under ``window`` ago, in which case it waits for the window to close. At low
-    rates that adds nothing; under load it bounds messages per stream to 1/window."""
-
-    def __init__(self, worker: Worker, req: InferenceRequest, window: float) -> None:
-        self.worker = worker
-        self.req = req
-        self.window = window
-        self.seq = 1  # 0 is the "started" message
-        self.text: list[str] = []
-        self.times: list[float] = []
-        self.tools: list[dict[str, object]] = []
-        self.last_flush = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-        self.engine_start = 0.0
-
-    def add(self, text: str, tool_calls: list[dict[str, object]] | None, at: float) -> None:
-        if text:
-            self.text.append(text)
-        if tool_calls:
-            self.tools.extend(tool_calls)
-        self.times.append(at - self.engine_start)
-        if at - self.last_flush >= self.window:
-            self.flush()
-        elif self._timer is None:
-            delay = max(0.0, self.last_flush + self.window - at)
-            self._timer = asyncio.get_running_loop().call_later(delay, self.flush)
-
-    def flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if not self.times:
-            return
-        # model_construct: built from our own fields on the hot path, no validation needed.
-        msg = TokenChunk.model_construct(
-            request_id=self.req.request_id,
-            attempt=self.req.attempt,
-            seq=self.next_seq(),
-            text="".join(self.text),
-            tool_calls=self.tools or None,
-            token_times=self.times,
-        )
-        self.text, self.times, self.tools = [], [], []
-        self.last_flush = time.monotonic()
-        self.worker.publish_nowait(self.req.reply_subject, msg.model_dump_json(exclude_none=True).encode())
-        self.worker.m.nats_msgs.inc()
-
-    def next_seq(self) -> int:
-        s = self.seq
-        self.seq += 1
-        return s
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-
-class _Outbox:
-    """One ordered queue of core-NATS publishes drained by a single task: token messages from
-    every attempt (and timer flushes) leave in the order they were made, at the cost of a deque
-    append each instead of a task each."""
-
-    def __init__(self) -> None:
-        self._q: deque[tuple[str, bytes]] = deque()
-        self._wake = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    def put(self, subject: str, payload: bytes) -> None:
-        self._q.append((subject, payload))
-        self._idle.clear()
-        self._wake.set()
-
-    async def run(self, nc: NATS) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._q:
-                subject, payload = self._q.popleft()
-                try:
-                    await nc.publish(subject, payload)
-                except Exception:
-                    log.exception("publish to %s failed", subject)
-            self._idle.set()
-
-    async def flushed(self, timeout: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), timeout)
-
-
 class Worker:
     def __init__(
         self, settings: WorkerSettings, adapter: OpenAIEngineAdapter, catalog: Catalog, metrics: Metrics
@@ -197,9 +93,17 @@ class Worker:
         self._feeders: list[PullFeeder] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._engine_failures = 0
-        self._outbox = _Outbox()
+        self._outbox = Outbox()
         self._load = EngineLoad()
         self.instance_id = secrets.token_hex(6)  # this process's life under worker_id
+        self._attempt_ctx = AttemptContext(
+            worker_id=settings.worker_id,
+            engine=adapter.engine,
+            instance_id=self.instance_id,
+            coalesce_s=settings.coalesce_ms / 1000.0,
+            publish=self.publish_nowait,
+            stream=adapter.stream,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
     def ready(self) -> bool:
@@ -384,136 +288,24 @@ class Worker:
     async def _run(self, run: _Running) -> None:
         req, msg = run.req, run.msg
         token = request_id_var.set(req.request_id)
-        taken_wall, taken = time.time(), time.monotonic()
-        clock = AttemptClock(nats_queue_s=max(0.0, taken_wall - req.dispatched_at), taken_at=taken)
-        outcome: AttemptOutcome = "completed"
-        usage: Usage | None = None
-        finish: FinishReason | None = None
-        error: ErrorInfo | None = None
-        coalescer = _Coalescer(self, req, self.settings.coalesce_ms / 1000.0)
-        started = False
         try:
-            if self._is_cancelled(req):
-                outcome = "cancelled"
-                log.info("dropping attempt %d: cancelled before it started", req.attempt)
-                return
-            if taken_wall > req.start_deadline:
-                outcome = "expired"
-                log.info(
-                    "discarding expired attempt %d (%.2fs past its start deadline)",
-                    req.attempt,
-                    taken_wall - req.start_deadline,
-                )
-                return
-            if msg.metadata.num_delivered > 1 and not await self._still_wanted(req):
-                outcome = "stale"
-                log.info("dropping redelivered attempt %d: its gateway no longer waits for it", req.attempt)
-                return
-            self.m.nats_queue.observe(clock.nats_queue_s)
-            log.debug("took attempt %d (%.1f ms in NATS)", req.attempt, clock.nats_queue_s * 1000)
-            self._publish_stream(
+            result = await run_attempt(
+                self._attempt_ctx,
                 req,
-                StreamStarted(
-                    request_id=req.request_id,
-                    attempt=req.attempt,
-                    seq=0,
-                    worker_id=self.settings.worker_id,
-                    engine=self.adapter.engine,
-                    nats_queue_s=clock.nats_queue_s,
-                    instance_id=self.instance_id,
-                ),
+                taken_wall=time.time(),
+                taken_at=time.monotonic(),
+                cancelled=self._is_cancelled(req),
+                redelivered=msg.metadata.num_delivered > 1,
+                still_wanted=lambda: self._still_wanted(req),
             )
-            started = True
-            usage, finish = await self._generate(req, clock, coalescer)
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            finish = "cancelled"
-        except EngineRequestError as exc:
-            outcome = "engine_error"
-            error = _engine_error_info(exc)
-        except TimeoutError:
-            outcome = "engine_error"
-            error = UpstreamTimeout("request deadline reached").to_info()
-        except Exception as exc:
-            log.exception("attempt failed")
-            outcome = "engine_error"
-            error = LLMLabError(str(exc)[:300], code=Code.WORKER_ERROR).to_info()
+            if result.started:
+                self.m.nats_queue.observe(result.nats_queue_s)
+            self.m.nats_msgs.inc(result.token_messages)
+            await self._finish(run, result)
         finally:
-            coalescer.flush()
-            coalescer.close()
-            ended = time.monotonic()
-            if usage is None and clock.token_times:
-                # Cancelled or failed mid-stream: the engine sent no usage; count what was generated.
-                n = len(clock.token_times)
-                usage = Usage(completion_tokens=n, total_tokens=n)
-            timings = clock.timings(usage.completion_tokens if usage else len(clock.token_times), ended)
-            if started and outcome == "completed" and usage is not None and finish not in (None, "cancelled"):
-                self._publish_stream(
-                    req,
-                    StreamEnd(
-                        request_id=req.request_id,
-                        attempt=req.attempt,
-                        seq=coalescer.next_seq(),
-                        finish_reason=finish,
-                        usage=usage,
-                        timings=timings,
-                    ),
-                )
-            elif started and error is not None:
-                self._publish_stream(
-                    req,
-                    StreamError(
-                        request_id=req.request_id,
-                        attempt=req.attempt,
-                        seq=coalescer.next_seq(),
-                        error=error,
-                        before_first_token=not clock.token_times,
-                        # Nothing reached the client and the engine may be fine elsewhere: retry.
-                        retryable=not clock.token_times and error.status in (0, 500, 502, 503, 504),
-                    ),
-                )
-            await self._finish(run, outcome, usage, finish, timings if started else None, error, taken_wall)
             request_id_var.reset(token)
 
-    async def _generate(
-        self, req: InferenceRequest, clock: AttemptClock, coalescer: _Coalescer
-    ) -> tuple[Usage, FinishReason]:
-        usage: Usage | None = None
-        finish: str | None = None
-        remaining = req.deadline - time.time()
-        async with asyncio.timeout(max(0.0, remaining)):
-            clock.engine_start = coalescer.engine_start = time.monotonic()
-            stream = self.adapter.stream(req)
-            try:
-                async for ev in stream:
-                    if ev.text or ev.tool_calls:
-                        clock.token_times.append(ev.at)
-                        coalescer.add(ev.text, ev.tool_calls, ev.at)
-                    if ev.finish_reason:
-                        finish = ev.finish_reason
-                    if ev.usage is not None:
-                        usage = ev.usage
-            finally:
-                await stream.aclose()
-        if usage is None:
-            # Engines send usage last when asked (stream_options.include_usage); count what we saw.
-            usage = Usage(completion_tokens=len(clock.token_times), total_tokens=len(clock.token_times))
-        reason = cast(FinishReason, finish if finish in FINISH_REASONS else "stop")
-        return usage, reason
-
-    def _publish_stream(self, req: InferenceRequest, message: StreamStarted | StreamEnd | StreamError) -> None:
-        self.publish_nowait(req.reply_subject, message.model_dump_json(exclude_none=True).encode())
-
-    async def _finish(
-        self,
-        run: _Running,
-        outcome: AttemptOutcome,
-        usage: Usage | None,
-        finish: FinishReason | None,
-        t: Timings | None,
-        error: ErrorInfo | None,
-        taken_wall: float,
-    ) -> None:
+    async def _finish(self, run: _Running, result: AttemptResult) -> None:
         req, msg = run.req, run.msg
         self.running.pop((req.request_id, req.attempt), None)
         self.m.in_flight.set(len(self.running))
@@ -522,6 +314,7 @@ class Worker:
             await msg.ack()
         except Exception:
             log.warning("ack failed (redelivery will be dropped as stale)")
+        outcome, usage, t = result.outcome, result.usage, result.timings
         self.m.attempts.labels(outcome).inc()
         if usage is not None:
             self.m.tokens.inc(usage.completion_tokens)
@@ -546,10 +339,10 @@ class Worker:
             engine=self.adapter.engine,
             endpoint=req.endpoint,
             principal=req.principal,
-            finish_reason=finish,
+            finish_reason=result.finish,
             usage=usage,
             timings=t,
-            error=error,
+            error=result.error,
             route=req.route,
             created_at=req.created_at,
             ended_at=time.time(),
@@ -634,12 +427,3 @@ class Worker:
                 r.last_progress = now
                 with contextlib.suppress(Exception):
                     await r.msg.in_progress()
-
-
-def _engine_error_info(exc: EngineRequestError) -> ErrorInfo:
-    if exc.status in (400, 404, 413, 422):
-        # The engine refused the request itself (e.g. prompt longer than the context): the
-        # client's error, reported as such.
-        rejected = {404: NotFound, 413: PayloadTooLarge}.get(exc.status, InvalidRequest)
-        return rejected(exc.message, code=Code.ENGINE_REJECTED).to_info()
-    return EngineError(f"engine error ({exc.status or 'no connection'}): {exc.message}").to_info()

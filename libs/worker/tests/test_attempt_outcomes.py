@@ -1,10 +1,12 @@
-"""The worker lifecycle's per-attempt logic (``Worker._run``) with a scripted engine and fake NATS
-plumbing: which terminal message goes out, what the attempt event says, that the message is acked
-and the slot given back, for each way an attempt ends."""
+"""The worker's per-attempt logic (:func:`llmlab_worker.attempt.run_attempt`, run by
+``Worker._run``) with a scripted engine and fake NATS plumbing: which terminal message goes out,
+what the attempt event says, that the message is acked and the slot given back, for each way an
+attempt ends."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -82,7 +84,9 @@ def _worker(script: list[Any]) -> tuple[Worker, list[Any], FakeJS]:
     settings = WorkerSettings(pool="gpu-vllm", worker_id="w1", max_concurrency=2, coalesce_ms=0)
     w = Worker(settings, ScriptedEngine(script), load_catalog(DEFAULT_CATALOG), Metrics("llmlab"))
     sent: list[Any] = []
-    w.publish_nowait = lambda subject, payload: sent.append(Reply.validate_json(payload))  # type: ignore[method-assign]
+    w._attempt_ctx = dataclasses.replace(
+        w._attempt_ctx, publish=lambda _s, payload: sent.append(Reply.validate_json(payload))
+    )
     js = FakeJS()
     w.js = js  # type: ignore[assignment]
     return w, sent, js

@@ -6,8 +6,8 @@ import time
 import pytest
 from llmlab_common.messages import InferenceRequest, SamplingParams, TokenChunk
 from llmlab_common.stats import quantile
+from llmlab_worker.attempt import Coalescer
 from llmlab_worker.engine import OpenAIEngineAdapter
-from llmlab_worker.lifecycle import _Coalescer
 from llmlab_worker.stats import AttemptClock
 from llmlab_worker_sglang.adapter import SglangAdapter
 from llmlab_worker_vllm.adapter import VllmAdapter
@@ -101,11 +101,6 @@ class _FakeWorker:
     def publish_nowait(self, subject: str, payload: bytes) -> None:
         self.sent.append(TokenChunk.model_validate_json(payload))
 
-    class m:
-        class nats_msgs:
-            @staticmethod
-            def inc() -> None: ...
-
 
 def _req() -> InferenceRequest:
     now = time.time()
@@ -129,7 +124,7 @@ def _req() -> InferenceRequest:
 
 async def test_coalescer_sends_sparse_tokens_at_once_and_bursts_together() -> None:
     w = _FakeWorker()
-    c = _Coalescer(w, _req(), window=0.05)  # type: ignore[arg-type]
+    c = Coalescer(_req(), w.publish_nowait, window=0.05)
     c.engine_start = time.monotonic()
     c.add("a", None, time.monotonic())
     assert [m.text for m in w.sent] == ["a"]  # first token never waits

@@ -1,0 +1,276 @@
+"""One attempt, from the message taken to its terminal message: the worker's per-attempt logic,
+with no NATS in it. The NATS worker (:mod:`llmlab_worker.lifecycle`) takes a message, calls
+:func:`run_attempt` with the engine's stream and a publish function, then acks, counts and
+reports what it returns (as the gateway splits ``service.py`` from ``dispatch.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import cast
+
+from llmlab_common.codes import Code
+from llmlab_common.errors import EngineError, InvalidRequest, LLMLabError, NotFound, PayloadTooLarge, UpstreamTimeout
+from llmlab_common.messages import (
+    AttemptOutcome,
+    ErrorInfo,
+    FinishReason,
+    InferenceRequest,
+    StreamEnd,
+    StreamError,
+    StreamStarted,
+    Timings,
+    TokenChunk,
+    Usage,
+)
+
+from llmlab_worker.engine import EngineEvent, EngineRequestError
+from llmlab_worker.stats import AttemptClock
+
+log = logging.getLogger(__name__)
+
+FINISH_REASONS: set[str] = {"stop", "length", "tool_calls", "content_filter"}
+Publish = Callable[[str, bytes], None]  # core publish, in order, from sync code
+
+
+class Coalescer:
+    """Turns engine chunks into token messages: a chunk goes out at once unless the previous
+    flush was under ``window`` ago, in which case it waits for the window to close. At low
+    rates that adds nothing; under load it bounds messages per stream to 1/window."""
+
+    def __init__(self, req: InferenceRequest, publish: Publish, window: float) -> None:
+        self.req = req
+        self.publish = publish
+        self.window = window
+        self.seq = 1  # 0 is the "started" message
+        self.sent = 0  # token messages published
+        self.text: list[str] = []
+        self.times: list[float] = []
+        self.tools: list[dict[str, object]] = []
+        self.last_flush = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self.engine_start = 0.0
+
+    def add(self, text: str, tool_calls: list[dict[str, object]] | None, at: float) -> None:
+        if text:
+            self.text.append(text)
+        if tool_calls:
+            self.tools.extend(tool_calls)
+        self.times.append(at - self.engine_start)
+        if at - self.last_flush >= self.window:
+            self.flush()
+        elif self._timer is None:
+            delay = max(0.0, self.last_flush + self.window - at)
+            self._timer = asyncio.get_running_loop().call_later(delay, self.flush)
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self.times:
+            return
+        # model_construct: built from our own fields on the hot path, no validation needed.
+        msg = TokenChunk.model_construct(
+            request_id=self.req.request_id,
+            attempt=self.req.attempt,
+            seq=self.next_seq(),
+            text="".join(self.text),
+            tool_calls=self.tools or None,
+            token_times=self.times,
+        )
+        self.text, self.times, self.tools = [], [], []
+        self.last_flush = time.monotonic()
+        self.publish(self.req.reply_subject, msg.model_dump_json(exclude_none=True).encode())
+        self.sent += 1
+
+    def next_seq(self) -> int:
+        s = self.seq
+        self.seq += 1
+        return s
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+@dataclass
+class AttemptResult:
+    """How an attempt ended: what the event reports and the metrics count."""
+
+    outcome: AttemptOutcome
+    started: bool  # StreamStarted went out (the engine was called)
+    usage: Usage | None
+    finish: FinishReason | None
+    error: ErrorInfo | None
+    timings: Timings | None  # None when it never started
+    nats_queue_s: float
+    token_messages: int
+
+
+@dataclass(frozen=True)
+class AttemptContext:
+    """What the attempt needs from the worker that runs it."""
+
+    worker_id: str
+    engine: str
+    instance_id: str
+    coalesce_s: float
+    publish: Publish
+    stream: Callable[[InferenceRequest], AsyncIterator[EngineEvent]]
+
+
+async def run_attempt(
+    ctx: AttemptContext,
+    req: InferenceRequest,
+    *,
+    taken_wall: float,
+    taken_at: float,
+    cancelled: bool,
+    redelivered: bool,
+    still_wanted: Callable[[], Awaitable[bool]],
+) -> AttemptResult:
+    """Run one attempt to its end. Never raises for the attempt's own failures, nor when the task
+    running it is cancelled (a cancel is an outcome): each ends in one result, after the terminal
+    message (StreamEnd or StreamError) when the stream had started."""
+    clock = AttemptClock(nats_queue_s=max(0.0, taken_wall - req.dispatched_at), taken_at=taken_at)
+    outcome: AttemptOutcome = "completed"
+    usage: Usage | None = None
+    finish: FinishReason | None = None
+    error: ErrorInfo | None = None
+    coalescer = Coalescer(req, ctx.publish, ctx.coalesce_s)
+    started = False
+    try:
+        if cancelled:
+            outcome = "cancelled"
+            log.info("dropping attempt %d: cancelled before it started", req.attempt)
+        elif taken_wall > req.start_deadline:
+            outcome = "expired"
+            log.info(
+                "discarding expired attempt %d (%.2fs past its start deadline)",
+                req.attempt,
+                taken_wall - req.start_deadline,
+            )
+        elif redelivered and not await still_wanted():
+            outcome = "stale"
+            log.info("dropping redelivered attempt %d: its gateway no longer waits for it", req.attempt)
+        else:
+            log.debug("took attempt %d (%.1f ms in NATS)", req.attempt, clock.nats_queue_s * 1000)
+            _publish(
+                ctx,
+                req,
+                StreamStarted(
+                    request_id=req.request_id,
+                    attempt=req.attempt,
+                    seq=0,
+                    worker_id=ctx.worker_id,
+                    engine=ctx.engine,
+                    nats_queue_s=clock.nats_queue_s,
+                    instance_id=ctx.instance_id,
+                ),
+            )
+            started = True
+            usage, finish = await _generate(ctx, req, clock, coalescer)
+    except asyncio.CancelledError:
+        outcome = "cancelled"
+        finish = "cancelled"
+    except EngineRequestError as exc:
+        outcome = "engine_error"
+        error = engine_error_info(exc)
+    except TimeoutError:
+        outcome = "engine_error"
+        error = UpstreamTimeout("request deadline reached").to_info()
+    except Exception as exc:
+        log.exception("attempt failed")
+        outcome = "engine_error"
+        error = LLMLabError(str(exc)[:300], code=Code.WORKER_ERROR).to_info()
+    coalescer.flush()
+    coalescer.close()
+    ended = time.monotonic()
+    if usage is None and clock.token_times:
+        # Cancelled or failed mid-stream: the engine sent no usage; count what was generated.
+        n = len(clock.token_times)
+        usage = Usage(completion_tokens=n, total_tokens=n)
+    timings = clock.timings(usage.completion_tokens if usage else len(clock.token_times), ended)
+    if started and outcome == "completed" and usage is not None and finish not in (None, "cancelled"):
+        _publish(
+            ctx,
+            req,
+            StreamEnd(
+                request_id=req.request_id,
+                attempt=req.attempt,
+                seq=coalescer.next_seq(),
+                finish_reason=finish,
+                usage=usage,
+                timings=timings,
+            ),
+        )
+    elif started and error is not None:
+        _publish(
+            ctx,
+            req,
+            StreamError(
+                request_id=req.request_id,
+                attempt=req.attempt,
+                seq=coalescer.next_seq(),
+                error=error,
+                before_first_token=not clock.token_times,
+                # Nothing reached the client and the engine may be fine elsewhere: retry.
+                retryable=not clock.token_times and error.status in (0, 500, 502, 503, 504),
+            ),
+        )
+    return AttemptResult(
+        outcome=outcome,
+        started=started,
+        usage=usage,
+        finish=finish,
+        error=error,
+        timings=timings if started else None,
+        nats_queue_s=clock.nats_queue_s,
+        token_messages=coalescer.sent,
+    )
+
+
+async def _generate(
+    ctx: AttemptContext, req: InferenceRequest, clock: AttemptClock, coalescer: Coalescer
+) -> tuple[Usage, FinishReason]:
+    usage: Usage | None = None
+    finish: str | None = None
+    remaining = req.deadline - time.time()
+    async with asyncio.timeout(max(0.0, remaining)):
+        clock.engine_start = coalescer.engine_start = time.monotonic()
+        stream = ctx.stream(req)
+        try:
+            async for ev in stream:
+                if ev.text or ev.tool_calls:
+                    clock.token_times.append(ev.at)
+                    coalescer.add(ev.text, ev.tool_calls, ev.at)
+                if ev.finish_reason:
+                    finish = ev.finish_reason
+                if ev.usage is not None:
+                    usage = ev.usage
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+    if usage is None:
+        # Engines send usage last when asked (stream_options.include_usage); count what we saw.
+        usage = Usage(completion_tokens=len(clock.token_times), total_tokens=len(clock.token_times))
+    reason = cast(FinishReason, finish if finish in FINISH_REASONS else "stop")
+    return usage, reason
+
+
+def _publish(ctx: AttemptContext, req: InferenceRequest, message: StreamStarted | StreamEnd | StreamError) -> None:
+    ctx.publish(req.reply_subject, message.model_dump_json(exclude_none=True).encode())
+
+
+def engine_error_info(exc: EngineRequestError) -> ErrorInfo:
+    if exc.status in (400, 404, 413, 422):
+        # The engine refused the request itself (e.g. prompt longer than the context): the
+        # client's error, reported as such.
+        rejected = {404: NotFound, 413: PayloadTooLarge}.get(exc.status, InvalidRequest)
+        return rejected(exc.message, code=Code.ENGINE_REJECTED).to_info()
+    return EngineError(f"engine error ({exc.status or 'no connection'}): {exc.message}").to_info()
