@@ -46,6 +46,7 @@ from typing import Any
 import httpx
 import psutil
 from llmlab_common.messages import HEARTBEAT_MISSES
+from llmlab_testkit.budget import BudgetAdmin
 from llmlab_testkit.procs import ManagedProcess, Stack, unique_namespace, url
 
 from llmlab_loadtest.bench_meta import cpu_model, dist_version, git
@@ -93,6 +94,10 @@ class BenchConfig:
     out_dir: Path = Path("results")
     keep_raw: bool = False
     quick: bool = False
+    # "relay": gateway (static key, embedded router), worker, simulator. "full": the default stack
+    # a user runs: the gateway with budget auth and the router service, budget, router, accounting.
+    stack: str = "relay"
+    name: str = "relay"  # results/<name>-<UTC ts>.*
     nats_url: str = os.environ.get("LLMLAB_NATS_URL", "nats://127.0.0.1:4222")
     render: Path | None = None  # --render: only rewrite the reports of this saved run
 
@@ -124,8 +129,21 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     p.add_argument("--tokens", type=int, help="max_tokens = simulator --output-len (default 256; --quick 64)")
     p.add_argument("--warmup-tokens", type=int, help="tokens per request of the warm-up runs (default 32)")
     p.add_argument("--quick", action="store_true", help="levels 1,100; 1 repeat; 64 tokens (about a minute)")
-    p.add_argument("--ttft-ms", type=float, default=100.0)
-    p.add_argument("--itl-ms", type=float, default=50.0)
+    p.add_argument("--ttft-ms", type=float, help="simulator TTFT (default 100; gpu-like 50)")
+    p.add_argument("--itl-ms", type=float, help="simulator ITL (default 50; gpu-like 20)")
+    p.add_argument(
+        "--workload",
+        choices=("default", "gpu-like"),
+        default="default",
+        help="gpu-like: TTFT 50 ms, ITL 20 ms (50 tokens/s per stream, as a GPU serves an 8B model), 64 tokens, "
+        "the full stack, 20 requests per run at 1 stream; written as results/relay-gpu-<ts>",
+    )
+    p.add_argument(
+        "--stack",
+        choices=("relay", "full"),
+        help="relay: gateway (static key, embedded router) + worker; full: + budget auth, router service, budget, "
+        "accounting (default relay; gpu-like full)",
+    )
     p.add_argument("--out-dir", type=Path, default=Path("results"))
     p.add_argument("--keep-raw", action="store_true", help="keep every run's per-request client JSON")
     p.add_argument(
@@ -137,9 +155,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     p.add_argument(
         "--min-requests",
         type=int,
-        default=1,
         help="each run sends at least this many requests: streams send ceil(N / level) requests one "
-        "after another (default 1: one request per stream, so level 1 has one TTFT sample per run)",
+        "after another (default 1: one request per stream, so level 1 has one TTFT sample per run; gpu-like 20)",
     )
     p.add_argument(
         "--ramp-s",
@@ -173,8 +190,12 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     levels = [int(x) for x in (a.levels or ("1,100" if a.quick else "1,100,1000")).split(",") if x.strip()]
     if not levels or min(levels) < 1:
         p.error("--levels needs positive integers")
+    gpu = a.workload == "gpu-like"
     repeats = a.repeats if a.repeats is not None else (1 if a.quick else 2)
-    tokens = a.tokens if a.tokens is not None else (64 if a.quick else 256)
+    tokens = a.tokens if a.tokens is not None else (64 if a.quick or gpu else 256)
+    ttft_ms = a.ttft_ms if a.ttft_ms is not None else (50.0 if gpu else 100.0)
+    itl_ms = a.itl_ms if a.itl_ms is not None else (20.0 if gpu else 50.0)
+    min_requests = a.min_requests if a.min_requests is not None else (20 if gpu else 1)
     warmup_tokens = a.warmup_tokens if a.warmup_tokens is not None else min(32 if not a.quick else 16, tokens)
     if repeats < 1 or tokens < 2 or warmup_tokens < 1:
         p.error("--repeats >= 1, --tokens >= 2 and --warmup-tokens >= 1")
@@ -185,18 +206,20 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         repeats=repeats,
         tokens=tokens,
         warmup_tokens=warmup_tokens,
-        ttft_ms=a.ttft_ms,
-        itl_ms=a.itl_ms,
+        ttft_ms=ttft_ms,
+        itl_ms=itl_ms,
         max_num_seqs=seqs,
         worker_max_concurrency=seqs,
         out_dir=a.out_dir,
         keep_raw=a.keep_raw,
         quick=a.quick,
         ramp_s=a.ramp_s,
-        min_requests=max(1, a.min_requests),
+        min_requests=max(1, min_requests),
         quiet_wait_s=a.quiet_wait if a.quiet_wait is not None else (0.0 if a.quick else 60.0),
         quiet_cores=a.quiet_cores,
         worker_heartbeat_s=a.worker_heartbeat_s,
+        stack=a.stack or ("full" if gpu else "relay"),
+        name="relay-gpu" if gpu else "relay",
     )
 
 
@@ -571,6 +594,7 @@ class Bench:
         self.t_start = time.monotonic()
         self._log_offsets: dict[str, int] = {}
         self.prompt_tokens: set[int] = set()
+        self.api_key = API_KEY
         self.other_before = 0.0
         self.monitor: Monitor | None = None
         # The code under test is what is checked out when the services start (others may commit meanwhile).
@@ -587,12 +611,27 @@ class Bench:
         self.worker = self.stack.worker(
             "vllm", POOL, url(self.sim), max_concurrency=c.worker_max_concurrency, heartbeat_s=c.worker_heartbeat_s
         )
-        self.gateway = self.stack.gateway(queue_timeout_s=c.queue_timeout_s)
+        extra: dict[str, ManagedProcess] = {}
+        if c.stack == "full":
+            # As a user runs it: every request authenticated and reserved by the budget service,
+            # routed by the router service, accounted; the gateway's own queue timeout.
+            extra = {"budget": self.stack.budget(), "router": self.stack.router()}
+            extra["accounting"] = self.stack.accounting()
+            admin = BudgetAdmin(url(extra["budget"]))
+            limits = ("daily_tokens", "monthly_tokens", "rpm", "tpm", "max_concurrent")
+            unlimited = dict.fromkeys(limits, "unlimited")
+            scopes = {"key": unlimited, "user": unlimited, "team": unlimited}
+            self.api_key = admin.provision("enterprise", scopes).api_key
+            admin.close()
+            self.gateway = self.stack.gateway(auth="budget", router="service")
+        else:
+            self.gateway = self.stack.gateway(queue_timeout_s=c.queue_timeout_s)
         self._wait_gateway_sees_worker()
         self.services = {
             "simulator": psutil.Process(self.sim.pid),
             "worker": psutil.Process(self.worker.pid),
             "gateway": psutil.Process(self.gateway.pid),
+            **{name: psutil.Process(p.pid) for name, p in extra.items()},
         }
         nats = find_nats_server(c.nats_url)
         if nats is None:
@@ -708,7 +747,7 @@ class Bench:
             "--model",
             MODEL,
             "--api-key",
-            API_KEY,
+            self.api_key,
             "--concurrency",
             str(level),
             "--requests-per-stream",
@@ -1251,7 +1290,17 @@ def metadata(cfg: BenchConfig, bench: Bench, started: dt.datetime, duration_s: f
             "heartbeat_interval_s": cfg.worker_heartbeat_s,
             "coalesce_ms": "default (10)",
         },
-        "gateway": {"queue_timeout_s": cfg.queue_timeout_s},
+        "gateway": (
+            {"queue_timeout_s": cfg.queue_timeout_s, "auth": "static", "router": "embedded"}
+            if cfg.stack == "relay"
+            else {"queue_timeout_s": "default", "auth": "budget", "router": "service"}
+        ),
+        "stack": (
+            "gateway (static key, embedded router), worker, simulator"
+            if cfg.stack == "relay"
+            else "the default stack: gateway (budget auth, router service), worker, budget, router, accounting, "
+            "simulator"
+        ),
         "repeats": cfg.repeats,
         "quick": cfg.quick,
         "namespace": bench.stack.namespace,
@@ -1446,14 +1495,14 @@ def build_document(cfg: BenchConfig, bench: Bench, started: dt.datetime, duratio
     }
 
 
-def write_outputs(doc: dict[str, Any], out_dir: Path, started: dt.datetime) -> dict[str, Path]:
+def write_outputs(doc: dict[str, Any], out_dir: Path, started: dt.datetime, name: str = "relay") -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     ts = started.strftime("%Y%m%dT%H%M%SZ")
     paths = {
-        "json": out_dir / f"relay-{ts}.json",
-        "md": out_dir / f"relay-{ts}.md",
-        "png": out_dir / f"relay-{ts}.png",
-        "latest": out_dir / "relay-latest.json",
+        "json": out_dir / f"{name}-{ts}.json",
+        "md": out_dir / f"{name}-{ts}.md",
+        "png": out_dir / f"{name}-{ts}.png",
+        "latest": out_dir / f"{name}-latest.json",
     }
     text = json.dumps(doc, indent=1)
     paths["json"].write_text(text)
@@ -1532,7 +1581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         bench.close()
-    paths = write_outputs(doc, cfg.out_dir, started)
+    paths = write_outputs(doc, cfg.out_dir, started, cfg.name)
     for line in report_lines(doc, paths):
         print(line)  # noqa: T201
     log.info("done in %.0fs", time.monotonic() - bench.t_start)

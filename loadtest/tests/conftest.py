@@ -21,10 +21,15 @@ def quick_bench(tmp_path: Path) -> Callable[..., QuickRun]:
     Returns (the JSON's path, its document, the process)."""
 
     def run(
-        bench: str, prefix: str, out_flag: str = "--out", timeout: float = 300, extra_fields: Sequence[str] = ()
+        bench: str,
+        prefix: str,
+        out_flag: str = "--out",
+        timeout: float = 300,
+        extra_fields: Sequence[str] = (),
+        args: Sequence[str] = (),
     ) -> QuickRun:
         proc = subprocess.run(
-            [sys.executable, "-m", f"llmlab_loadtest.{bench}", "--quick", out_flag, str(tmp_path)],
+            [sys.executable, "-m", f"llmlab_loadtest.{bench}", "--quick", out_flag, str(tmp_path), *args],
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -202,3 +202,33 @@ def test_service_warning_lines_are_recognised() -> None:
     assert rb._is_warning('{"level":"error","msg":"x"}')
     assert not rb._is_warning('{"ts": 1, "level": "info", "msg": "route: static"}')
     assert rb._is_warning("Traceback (most recent call last):")
+
+
+@pytest.mark.unit
+def test_gpu_like_workload_preset() -> None:
+    """The data-plane baseline's workload: TTFT 50 ms, ITL 20 ms, 64 tokens, the full stack."""
+    cfg = rb.parse_args(["--workload", "gpu-like"])
+    assert (cfg.ttft_ms, cfg.itl_ms, cfg.tokens, cfg.stack, cfg.name) == (50.0, 20.0, 64, "full", "relay-gpu")
+    assert cfg.levels == [1, 100, 1000] and cfg.min_requests == 20
+    own = rb.parse_args(["--workload", "gpu-like", "--stack", "relay", "--itl-ms", "5"])
+    assert (own.stack, own.itl_ms, own.ttft_ms) == ("relay", 5.0, 50.0)
+
+
+@pytest.mark.e2e
+def test_quick_full_stack_run(quick_bench: Callable[..., Any]) -> None:
+    """The gpu-like preset on the full stack (budget auth, router service, accounting) at one
+    stream: every request answered through it, and its services' CPU measured."""
+    _js, doc, _proc = quick_bench(
+        BENCH,
+        "relay-gpu",
+        out_flag="--out-dir",
+        extra_fields=("simulated_note",),
+        args=["--workload", "gpu-like", "--levels", "1", "--min-requests", "3"],
+    )
+    assert doc["metadata"]["gateway"]["auth"] == "budget" and doc["metadata"]["gateway"]["router"] == "service"
+    measured = [r for r in doc["runs"] if r["repeat"] == 1]
+    assert {r["mode"] for r in measured} == {"direct", "stack"}
+    for r in measured:
+        assert r["requests_failed"] == 0 and r["requests_ok"] == 3, r
+    stack_run = next(r for r in measured if r["mode"] == "stack")
+    assert {"budget", "router", "accounting"} <= set(stack_run["processes"])
