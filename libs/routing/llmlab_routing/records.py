@@ -21,6 +21,8 @@ from llmlab_routing.model import Decision, DecisionInputs
 
 log = logging.getLogger(__name__)
 RECORD_VERSION = 1
+WRITE_BATCH = 1000  # records per write at most
+BATCH_PAUSE_S = 0.01  # the writer's pause between batches (records wait at most this long more)
 
 
 def make_record(inp: DecisionInputs, dec: Decision, at: float | None = None) -> dict[str, Any]:
@@ -64,15 +66,24 @@ class DecisionLog:
 
     def _run(self) -> None:
         while True:
-            rec = self._q.get()
+            batch = [self._q.get()]
+            while len(batch) < WRITE_BATCH:
+                try:
+                    batch.append(self._q.get_nowait())
+                except queue.Empty:
+                    break
+            stop = False
             try:
-                if rec is None:
-                    return
-                if callable(rec):
-                    rec = rec()
-                self._f.write(json.dumps(rec, separators=(",", ":")) + "\n")
-                if self._q.empty():
-                    self._f.flush()
+                lines = []
+                for rec in batch:
+                    if rec is None:
+                        stop = True
+                        break
+                    if callable(rec):
+                        rec = rec()
+                    lines.append(json.dumps(rec, separators=(",", ":")) + "\n")
+                self._f.write("".join(lines))
+                self._f.flush()
                 if self._f.tell() > self.max_bytes:
                     self._f.close()
                     os.replace(self.path, self.path.with_name(self.path.name + ".1"))
@@ -80,7 +91,13 @@ class DecisionLog:
             except Exception:
                 log.exception("could not write a decision record")
             finally:
-                self._q.task_done()
+                for _ in batch:
+                    self._q.task_done()
+            if stop:
+                return
+            # Gather the next batch: a writer that waits on the queue after every record makes
+            # each routing decision pay a thread wake-up (Condition.notify) on the event loop.
+            time.sleep(BATCH_PAUSE_S)
 
     def close(self) -> None:
         self._q.put(None)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import aiohttp
+import orjson
 from llmlab_common.messages import EngineLoad, InferenceRequest, Usage
 from llmlab_common.metrics import parse_prometheus_text
 
@@ -174,7 +175,7 @@ class OpenAIEngineAdapter:
                     data = raw[5:].strip()
                     if data == b"[DONE]":
                         return
-                    event = self.parse_chunk(json.loads(data), time.monotonic(), req.endpoint == "chat")
+                    event = self.parse_chunk(orjson.loads(data), time.monotonic(), req.endpoint == "chat")
                     if event is not None:
                         yield event
             except aiohttp.ClientPayloadError as exc:

@@ -38,6 +38,9 @@ class WorkerSettings(ServiceSettings):
     pull_expires_s: float = Field(default=2.0, gt=0)
     # Tokens that arrive within this window of the previous flush go out in one NATS message.
     coalesce_ms: float = Field(default=10.0, ge=0)
+    # Publishes are written to NATS at most once per this window under load (one write carries
+    # many streams' messages); a publish after a quiet spell goes at once.
+    publish_batch_ms: float = Field(default=2.0, ge=0)
     engine_connect_timeout_s: float = 5.0
     engine_fail_threshold: int = Field(default=3, ge=1)  # failed health checks before unready
     alive_probe_timeout_s: float = 1.0

@@ -8,6 +8,7 @@ from llmlab_common.messages import InferenceRequest, SamplingParams, TokenChunk
 from llmlab_common.stats import quantile
 from llmlab_worker.attempt import Coalescer
 from llmlab_worker.engine import OpenAIEngineAdapter
+from llmlab_worker.outbox import Outbox
 from llmlab_worker.stats import AttemptClock
 from llmlab_worker_sglang.adapter import SglangAdapter
 from llmlab_worker_vllm.adapter import VllmAdapter
@@ -152,3 +153,34 @@ async def test_priority_takers_go_before_the_pool_feeder() -> None:
     assert not pool.done()  # the pool waits for the next slot
     await cap.release(1)
     assert await asyncio.wait_for(pool, 1) == 1
+
+
+class _RecordingNats:
+    def __init__(self) -> None:
+        self.published: list[tuple[float, str]] = []
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        self.published.append((time.monotonic(), subject))
+
+
+async def test_outbox_sends_at_once_after_a_quiet_spell_and_batches_under_load() -> None:
+    """Catches: an outbox that delays a lone message (latency at low rates), or one that drains
+    on every put under load (one socket write per message)."""
+    nc = _RecordingNats()
+    box = Outbox(window_s=0.05)
+    runner = asyncio.create_task(box.run(nc))  # type: ignore[arg-type]
+    try:
+        t0 = time.monotonic()
+        box.put("a", b"1")
+        await asyncio.sleep(0.01)
+        assert [s for _, s in nc.published] == ["a"] and nc.published[0][0] - t0 < 0.02
+        for name in ("b", "c", "d"):  # inside the window: they wait for it and leave together
+            box.put(name, b"x")
+            await asyncio.sleep(0.005)
+        assert len(nc.published) == 1
+        await box.flushed(1.0)
+        later = [t for t, _ in nc.published[1:]]
+        assert [s for _, s in nc.published] == ["a", "b", "c", "d"]  # order kept
+        assert min(later) - nc.published[0][0] >= 0.045 and max(later) - min(later) < 0.005
+    finally:
+        runner.cancel()

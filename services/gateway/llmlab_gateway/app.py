@@ -31,11 +31,12 @@ from llmlab_gateway.routes import router as openai_routes
 from llmlab_gateway.routing import EmbeddedRouter, RemoteRouter
 from llmlab_gateway.service import CompletionService, Router
 from llmlab_gateway.settings import GatewaySettings
+from llmlab_gateway.sse import RawSendApp
 
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: GatewaySettings) -> FastAPI:
+def create_app(settings: GatewaySettings) -> RawSendApp:
     metrics = Metrics("llmlab")
     gm = GatewayMetrics(metrics)
     state = ServiceState()
@@ -98,7 +99,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             )
             yield
 
-    app = FastAPI(title="llm-inference-lab gateway", lifespan=lifespan)
+    app = RawSendApp(title="llm-inference-lab gateway", lifespan=lifespan)
     app.state.service_state = state
     install_error_handlers(app, "gateway", request_ids=True)
     app.include_router(ops_router(state, metrics))

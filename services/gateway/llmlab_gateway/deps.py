@@ -36,7 +36,8 @@ class Gateway:
             current.catalog.require(name)
 
 
-def _gateway(request: Request) -> Gateway:
+async def _gateway(request: Request) -> Gateway:
+    # async: FastAPI runs a sync dependency in its thread pool, a thread hop per request.
     gw: Gateway = request.app.state.gateway
     return gw
 

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from llmlab_common import openai_wire as wire
 from llmlab_common.codes import Code
 from llmlab_common.errors import EngineError, InvalidRequest, LLMLabError, invalid_request
@@ -27,6 +27,7 @@ from llmlab_gateway.deps import Gateway, bearer_key, read_body, route_hints
 from llmlab_gateway.metrics import GatewayMetrics
 from llmlab_gateway.schemas import ChatCompletionRequest, CompletionRequest
 from llmlab_gateway.service import CallContext, CompletionService, OpenedStream, estimate_prompt
+from llmlab_gateway.sse import SseResponse
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +99,7 @@ async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -
         headers["X-LLMLab-Attempts"] = str(opened.attempts)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(
-            _sse(service, opened, ctx, include_usage, gm),
-            media_type="text/event-stream",
-            headers={**headers, **SSE_HEADERS},
-        )
+        return SseResponse(_sse(service, opened, ctx, include_usage, gm), headers={**headers, **SSE_HEADERS})
     return await _unary(request, service, opened, ctx, gm, headers)
 
 

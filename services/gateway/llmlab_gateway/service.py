@@ -348,7 +348,9 @@ class CompletionService:
                 # restart), then move on to the next target instead of sitting out the queue timeout.
                 wait = min(queue_timeout, self.settings.empty_pool_wait_s)
             if attempt == 1:
-                log.info("route: %s", reply.reason)
+                # The decision log keeps every decision; an INFO line per request would cost the
+                # hot path a JSON log record each.
+                log.debug("route: %s", reply.reason)
                 if isinstance(ctx.body, ChatCompletionRequest) and ctx.body.tools and not dep.supports_tools:
                     log.info("tools dropped: deployment %s does not support them", dep.id)
             info = RouteInfo(
