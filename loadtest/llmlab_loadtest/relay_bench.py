@@ -98,6 +98,7 @@ class BenchConfig:
     # a user runs: the gateway with budget auth and the router service, budget, router, accounting.
     stack: str = "relay"
     name: str = "relay"  # results/<name>-<UTC ts>.*
+    workload: str = "default"  # "gpu-like": the data-plane issue's targets
     nats_url: str = os.environ.get("LLMLAB_NATS_URL", "nats://127.0.0.1:4222")
     render: Path | None = None  # --render: only rewrite the reports of this saved run
 
@@ -108,14 +109,15 @@ def rerender(path: Path) -> dict[str, Path]:
     comps = doc["summary"]["levels"]
     hb = float((doc["metadata"].get("worker") or {}).get("heartbeat_interval_s", 1.0))
     cores = int(str(doc["metadata"].get("cpu", "")).split(", ")[-1].split(" ")[0] or 0) or (psutil.cpu_count() or 2)
-    doc["summary"]["targets"] = evaluate_targets(comps)
+    gpu = doc["metadata"].get("workload") == "gpu-like"
+    doc["summary"]["targets"] = evaluate_gpu_targets(comps) if gpu else evaluate_targets(comps)
     doc["summary"]["analysis"] = analyse(comps, cores, hb)
     path.write_text(json.dumps(doc, indent=1))
     md, png = path.with_suffix(".md"), path.with_suffix(".png")
     md.write_text(render_markdown(doc))
     render_plot(doc, png)
     paths = {"json": path, "md": md, "png": png}
-    latest = path.parent / "relay-latest.json"
+    latest = path.parent / f"{path.stem.rsplit('-', 1)[0]}-latest.json"  # relay- or relay-gpu-latest
     if latest.exists() and json.loads(latest.read_text()).get("metadata", {}).get("date") == doc["metadata"]["date"]:
         shutil.copyfile(path, latest)
         paths["latest"] = latest
@@ -220,6 +222,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         worker_heartbeat_s=a.worker_heartbeat_s,
         stack=a.stack or ("full" if gpu else "relay"),
         name="relay-gpu" if gpu else "relay",
+        workload=a.workload,
     )
 
 
@@ -1109,6 +1112,61 @@ def evaluate_targets(comparisons: Sequence[dict[str, Any]]) -> list[dict[str, An
     return out
 
 
+# The data-plane issue's targets for the gpu-like workload: (level, summary key, <= or >=, limit, label).
+GPU_TARGETS: tuple[tuple[int, str, str, float, str], ...] = (
+    (1, "added_ttft_p50_ms", "<=", 5.0, "added TTFT p50"),
+    (100, "added_ttft_p50_ms", "<=", 10.0, "added TTFT p50"),
+    (100, "added_ttft_p99_ms", "<=", 30.0, "added TTFT p99"),
+    (100, "tokens_per_s_ratio", ">=", 0.95, "tokens/s stack/direct"),
+    (1000, "added_ttft_p99_ms", "<=", 1000.0, "added TTFT p99"),
+    (1000, "tokens_per_s_ratio", ">=", 0.60, "tokens/s stack/direct"),
+)
+GPU_RELAY_US_PER_TOKEN = 50.0  # gateway + worker CPU per delivered token, at the highest level
+
+
+def evaluate_gpu_targets(comparisons: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """PASS/MISS per target of the gpu-like workload; a level with any failed request (a refusal
+    included) misses every target at that level."""
+    by_level = {c["level"]: c for c in comparisons}
+    out: list[dict[str, Any]] = []
+    for level, key, op, limit, label in GPU_TARGETS:
+        c = by_level.get(level)
+        if c is None:
+            continue
+        v = c[key]["mean"]
+        ok = v is not None and (v <= limit if op == "<=" else v >= limit)
+        unit = "ratio" if key == "tokens_per_s_ratio" else "ms"
+        out.append(
+            {
+                "level": level,
+                "target": f"{label} {op} {limit:g}" + ("" if unit == "ratio" else " ms"),
+                "value": v,
+                "unit": unit,
+                "result": "n/a" if v is None else ("PASS" if ok else "MISS"),
+                "all_requests_ok": c["all_ok"],
+            }
+        )
+    if comparisons:
+        top = max(comparisons, key=lambda c: c["level"])
+        cpu = top["cpu_us_per_token"]["stack"]
+        relay = None if cpu.get("gateway") is None or cpu.get("worker") is None else cpu["gateway"] + cpu["worker"]
+        out.append(
+            {
+                "level": top["level"],
+                "target": f"relay CPU per token (gateway + worker) <= {GPU_RELAY_US_PER_TOKEN:g} us",
+                "value": relay,
+                "unit": "us",
+                "result": "n/a" if relay is None else ("PASS" if relay <= GPU_RELAY_US_PER_TOKEN else "MISS"),
+                "all_requests_ok": top["all_ok"],
+            }
+        )
+    for t in out:
+        if t["result"] == "PASS" and not t["all_requests_ok"]:
+            t["result"] = "MISS"
+            t["note"] = "requests failed (or were refused) at this level"
+    return out
+
+
 def analyse(comparisons: Sequence[dict[str, Any]], cores: int, heartbeat_s: float = 1.0) -> list[str]:
     """Plain-language 'what limits it', from the CPU figures."""
     lines: list[str] = []
@@ -1295,6 +1353,7 @@ def metadata(cfg: BenchConfig, bench: Bench, started: dt.datetime, duration_s: f
             if cfg.stack == "relay"
             else {"queue_timeout_s": "default", "auth": "budget", "router": "service"}
         ),
+        "workload": cfg.workload,
         "stack": (
             "gateway (static key, embedded router), worker, simulator"
             if cfg.stack == "relay"
@@ -1488,7 +1547,7 @@ def build_document(cfg: BenchConfig, bench: Bench, started: dt.datetime, duratio
         "metadata": metadata(cfg, bench, started, duration_s),
         "summary": {
             "levels": comps,
-            "targets": evaluate_targets(comps),
+            "targets": evaluate_gpu_targets(comps) if cfg.workload == "gpu-like" else evaluate_targets(comps),
             "analysis": analyse(comps, cores, cfg.worker_heartbeat_s),
         },
         "runs": [r.to_json() for r in bench.runs],

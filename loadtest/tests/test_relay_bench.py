@@ -232,3 +232,34 @@ def test_quick_full_stack_run(quick_bench: Callable[..., Any]) -> None:
         assert r["requests_failed"] == 0 and r["requests_ok"] == 3, r
     stack_run = next(r for r in measured if r["mode"] == "stack")
     assert {"budget", "router", "accounting"} <= set(stack_run["processes"])
+
+
+def _level(level: int, p50: float, p99: float, ratio: float, ok: bool = True, gw: float = 20, wk: float = 20) -> dict:
+    return {
+        "level": level,
+        "added_ttft_p50_ms": {"mean": p50},
+        "added_ttft_p99_ms": {"mean": p99},
+        "tokens_per_s_ratio": {"mean": ratio},
+        "all_ok": ok,
+        "cpu_us_per_token": {"stack": {"gateway": gw, "worker": wk}},
+    }
+
+
+@pytest.mark.unit
+def test_gpu_like_targets_are_the_data_plane_issues() -> None:
+    """Catches: the gpu-like run judged by the default workload's targets, a refusal at 1,000
+    streams passing, or the relay CPU target summing the wrong processes."""
+    comps = [_level(1, 4.9, 9, 0.99), _level(100, 9.9, 29.9, 0.95), _level(1000, 500, 999, 0.6, gw=30, wk=20)]
+    t = {(x["level"], x["target"]): x["result"] for x in rb.evaluate_gpu_targets(comps)}
+    assert set(t.values()) == {"PASS"} and len(t) == 7
+    worse = [_level(1, 5.1, 9, 0.99), _level(100, 9, 31, 0.94), _level(1000, 500, 999, 0.7, ok=False, gw=30, wk=21)]
+    t = {(x["level"], x["target"]): x["result"] for x in rb.evaluate_gpu_targets(worse)}
+    assert t == {
+        (1, "added TTFT p50 <= 5 ms"): "MISS",
+        (100, "added TTFT p50 <= 10 ms"): "PASS",
+        (100, "added TTFT p99 <= 30 ms"): "MISS",
+        (100, "tokens/s stack/direct >= 0.95"): "MISS",
+        (1000, "added TTFT p99 <= 1000 ms"): "MISS",  # a refused request fails the level
+        (1000, "tokens/s stack/direct >= 0.6"): "MISS",
+        (1000, "relay CPU per token (gateway + worker) <= 50 us"): "MISS",
+    }
