@@ -97,10 +97,14 @@ class BenchConfig:
     # "relay": gateway (static key, embedded router), worker, simulator. "full": the default stack
     # a user runs: the gateway with budget auth and the router service, budget, router, accounting.
     stack: str = "relay"
-    name: str = "relay"  # results/<name>-<UTC ts>.*
     workload: str = "default"  # "gpu-like": the data-plane issue's targets
     nats_url: str = os.environ.get("LLMLAB_NATS_URL", "nats://127.0.0.1:4222")
     render: Path | None = None  # --render: only rewrite the reports of this saved run
+
+    @property
+    def name(self) -> str:
+        """results/<name>-<UTC ts>.*"""
+        return "relay-gpu" if self.workload == "gpu-like" else "relay"
 
 
 def rerender(path: Path) -> dict[str, Path]:
@@ -221,7 +225,6 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         quiet_cores=a.quiet_cores,
         worker_heartbeat_s=a.worker_heartbeat_s,
         stack=a.stack or ("full" if gpu else "relay"),
-        name="relay-gpu" if gpu else "relay",
         workload=a.workload,
     )
 
@@ -677,7 +680,7 @@ class Bench:
         if self.client is not None and self.client.poll() is None:
             self.client.kill()
             self.client.wait(10)
-        failed = [p for p in self.stack.procs if p.proc is not None and p.proc.poll() not in (None, 0, -15)]
+        failed = [p for p in self.stack.procs if p.crashed()]  # exited while nobody stopped it
         for p in failed:
             log.error("%s exited %s; log tail:\n%s", p.name, p.proc.returncode if p.proc else "?", p.tail())
         self.stack.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import signal
@@ -27,7 +26,7 @@ import yaml
 from llmlab_common.natsio import connect
 from llmlab_common.subjects import Topology
 from llmlab_testkit.budget import DEV_ADMIN_KEY, BudgetAdmin
-from llmlab_testkit.e2e import LLAMA, client, eventually, metric, sim_stats
+from llmlab_testkit.e2e import LLAMA, client, eventually, metric, sim_stats, stream_chat
 from llmlab_testkit.procs import ManagedProcess, Stack, url
 
 pytestmark = pytest.mark.e2e
@@ -68,38 +67,6 @@ async def wait_rows(acc: ManagedProcess, query: str, want: Any, timeout: float =
     await eventually(lambda: sql(acc, query) == want, timeout=timeout, what=f"{query} == {want}")
 
 
-async def stream_with_usage(
-    base: str, request_id: asyncio.Future[str], api_key: str, max_tokens: int
-) -> tuple[int, dict[str, int], str | None]:
-    """Stream one chat completion of LLAMA, asking for usage; ``request_id`` resolves as soon as
-    headers arrive. Returns (status, the usage the client got, the X-LLMLab-Attempts header)."""
-    usage: dict[str, int] = {}
-    async with (
-        httpx.AsyncClient(timeout=60) as h,
-        h.stream(
-            "POST",
-            base + "/v1/chat/completions",
-            headers={"Authorization": f"Bearer {api_key}"},
-            json={
-                "model": LLAMA,
-                "messages": HELLO,
-                "max_tokens": max_tokens,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            },
-        ) as resp,
-    ):
-        request_id.set_result(resp.headers["x-request-id"])
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            obj = json.loads(line[6:])
-            assert "error" not in obj, obj
-            if obj.get("usage"):
-                usage = obj["usage"]
-        return resp.status_code, usage, resp.headers.get("x-llmlab-attempts")
-
-
 async def test_attempts_and_requests_rows_with_hand_calculated_costs(stack: Stack) -> None:
     """Catches: a retried request billed for its lost attempt, or for other tokens than the client
     was told; input and output prices swapped or merged in list cost; GPU time not attributed in
@@ -126,7 +93,7 @@ async def test_attempts_and_requests_rows_with_hand_calculated_costs(stack: Stac
 
     # 1. A request whose first worker dies before the first token: retried as attempt 2.
     rid: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    call = asyncio.create_task(stream_with_usage(url(gw), rid, p.api_key, max_tokens=5))
+    call = asyncio.create_task(stream_chat(url(gw), rid, p.api_key, max_tokens=5, include_usage=True, timeout=60))
     await eventually(lambda: sim_stats(sim)["received"] == 1, what="attempt 1 on the engine")
 
     def busy() -> list[ManagedProcess]:
@@ -134,7 +101,7 @@ async def test_attempts_and_requests_rows_with_hand_calculated_costs(stack: Stac
 
     await eventually(lambda: len(busy()) == 1, what="the worker holding attempt 1")
     busy()[0].kill()  # SIGKILL before the first token: no drain, no ack, heartbeats stop
-    status, retried_usage, attempts_header = await call
+    status, _text, _finish, retried_usage, attempts_header = await call
     retried = rid.result()
     assert status == 200 and attempts_header == "2"
     assert retried_usage["prompt_tokens"] > 0 and retried_usage["completion_tokens"] > 0, retried_usage

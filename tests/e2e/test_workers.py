@@ -65,7 +65,7 @@ async def test_worker_dying_before_first_token_is_retried_as_attempt_2(stack: St
     await nc.publish(topo.token_subject("gwretry", rid), stale.model_dump_json().encode())
     await nc.flush()
     await nc.close()
-    status, text, finish = await call
+    status, text, finish, _usage, _attempts = await call
     assert status == 200
     assert finish == "stop" and text.strip() and "STALE" not in text
     assert metric(gw, "llmlab_gateway_retries_total") == 1

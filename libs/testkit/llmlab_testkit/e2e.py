@@ -4,6 +4,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import httpx
 import openai
@@ -43,24 +44,38 @@ async def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str
         await asyncio.sleep(0.05)
 
 
+class Streamed(NamedTuple):
+    status: int
+    text: str
+    finish: str | None
+    usage: dict[str, int]  # the final usage chunk ({} unless asked for with include_usage)
+    attempts: str | None  # the X-LLMLab-Attempts header
+
+
 async def stream_chat(
-    base: str, request_id: asyncio.Future[str], api_key: str = DEV_KEY, max_tokens: int = 50
-) -> tuple[int, str, str | None]:
-    """Stream one chat completion of LLAMA; ``request_id`` resolves as soon as headers arrive.
-    Returns (status, text, finish_reason); an in-band error event fails the test."""
-    text, finish = [], None
+    base: str,
+    request_id: asyncio.Future[str],
+    api_key: str = DEV_KEY,
+    max_tokens: int = 50,
+    *,
+    include_usage: bool = False,
+    timeout: float = 30,
+) -> Streamed:
+    """Stream one chat completion of LLAMA; ``request_id`` resolves as soon as headers arrive. An
+    in-band error event fails the test."""
+    text, finish, usage = [], None, {}
+    body: dict[str, object] = {
+        "model": LLAMA,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
     async with (
-        httpx.AsyncClient(timeout=30) as h,
+        httpx.AsyncClient(timeout=timeout) as h,
         h.stream(
-            "POST",
-            base + "/v1/chat/completions",
-            headers={"Authorization": f"Bearer {api_key}"},
-            json={
-                "model": LLAMA,
-                "messages": [{"role": "user", "content": "hello"}],
-                "max_tokens": max_tokens,
-                "stream": True,
-            },
+            "POST", base + "/v1/chat/completions", headers={"Authorization": f"Bearer {api_key}"}, json=body
         ) as resp,
     ):
         request_id.set_result(resp.headers["x-request-id"])
@@ -69,7 +84,9 @@ async def stream_chat(
                 continue
             obj = json.loads(line[6:])
             assert "error" not in obj, obj
+            if obj.get("usage"):
+                usage = obj["usage"]
             if obj["choices"]:
                 text.append(obj["choices"][0]["delta"].get("content") or "")
                 finish = obj["choices"][0]["finish_reason"] or finish
-        return resp.status_code, "".join(text), finish
+        return Streamed(resp.status_code, "".join(text), finish, usage, resp.headers.get("x-llmlab-attempts"))
