@@ -71,9 +71,10 @@ status: ## which native processes run
 demo: up ## the main job: stack on the simulator, streaming requests via the openai SDK, a load run, the report
 	$(PY) scripts/demo.py
 
-bench: install infra ## benchmarks -> results/: relay (stack vs simulator; default and gpu-like workloads), budget, router decision + NATS round trip, accounting ingest
+bench: install infra ## benchmarks -> results/: relay (stack vs simulator; default, gpu-like and capacity workloads), budget, router decision + NATS round trip, accounting ingest
 	$(PY) -m llmlab_loadtest.relay_bench
 	$(PY) -m llmlab_loadtest.relay_bench --workload gpu-like
+	$(PY) -m llmlab_loadtest.relay_bench --workload capacity
 	$(PY) -m llmlab_loadtest.budget_bench
 	$(PY) -m llmlab_loadtest.router_bench
 	$(PY) -m llmlab_loadtest.accounting_bench

@@ -57,6 +57,8 @@ log = logging.getLogger("relay_bench")
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 API_KEY = "sk-llmlab-dev"
 POOL = "gpu-vllm"
+# --workload -> results/<name>-<ts>.*
+WORKLOAD_NAMES = {"default": "relay", "gpu-like": "relay-gpu", "capacity": "relay-capacity"}
 MODES = ("direct", "stack")
 SERVICES = ("simulator", "worker", "gateway", "nats-server")
 SATURATED_CORE = 0.85  # a single-threaded event loop at >= this share of one core is the bottleneck
@@ -97,14 +99,15 @@ class BenchConfig:
     # "relay": gateway (static key, embedded router), worker, simulator. "full": the default stack
     # a user runs: the gateway with budget auth and the router service, budget, router, accounting.
     stack: str = "relay"
-    workload: str = "default"  # "gpu-like": the data-plane issue's targets
+    # "gpu-like" and "capacity": the data-plane issue's latency and per-core targets
+    workload: str = "default"
     nats_url: str = os.environ.get("LLMLAB_NATS_URL", "nats://127.0.0.1:4222")
     render: Path | None = None  # --render: only rewrite the reports of this saved run
 
     @property
     def name(self) -> str:
         """results/<name>-<UTC ts>.*"""
-        return "relay-gpu" if self.workload == "gpu-like" else "relay"
+        return WORKLOAD_NAMES[self.workload]
 
 
 def rerender(path: Path) -> dict[str, Path]:
@@ -113,15 +116,14 @@ def rerender(path: Path) -> dict[str, Path]:
     comps = doc["summary"]["levels"]
     hb = float((doc["metadata"].get("worker") or {}).get("heartbeat_interval_s", 1.0))
     cores = int(str(doc["metadata"].get("cpu", "")).split(", ")[-1].split(" ")[0] or 0) or (psutil.cpu_count() or 2)
-    gpu = doc["metadata"].get("workload") == "gpu-like"
-    doc["summary"]["targets"] = evaluate_gpu_targets(comps) if gpu else evaluate_targets(comps)
+    doc["summary"]["targets"] = targets_for(str(doc["metadata"].get("workload", "default")), comps)
     doc["summary"]["analysis"] = analyse(comps, cores, hb)
     path.write_text(json.dumps(doc, indent=1))
     md, png = path.with_suffix(".md"), path.with_suffix(".png")
     md.write_text(render_markdown(doc))
     render_plot(doc, png)
     paths = {"json": path, "md": md, "png": png}
-    latest = path.parent / f"{path.stem.rsplit('-', 1)[0]}-latest.json"  # relay- or relay-gpu-latest
+    latest = path.parent / f"{path.stem.rsplit('-', 1)[0]}-latest.json"  # relay-, relay-gpu-, relay-capacity-latest
     if latest.exists() and json.loads(latest.read_text()).get("metadata", {}).get("date") == doc["metadata"]["date"]:
         shutil.copyfile(path, latest)
         paths["latest"] = latest
@@ -135,20 +137,22 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     p.add_argument("--tokens", type=int, help="max_tokens = simulator --output-len (default 256; --quick 64)")
     p.add_argument("--warmup-tokens", type=int, help="tokens per request of the warm-up runs (default 32)")
     p.add_argument("--quick", action="store_true", help="levels 1,100; 1 repeat; 64 tokens (about a minute)")
-    p.add_argument("--ttft-ms", type=float, help="simulator TTFT (default 100; gpu-like 50)")
-    p.add_argument("--itl-ms", type=float, help="simulator ITL (default 50; gpu-like 20)")
+    p.add_argument("--ttft-ms", type=float, help="simulator TTFT (default 100; gpu-like and capacity 50)")
+    p.add_argument("--itl-ms", type=float, help="simulator ITL (default 50; gpu-like 20; capacity 1)")
     p.add_argument(
         "--workload",
-        choices=("default", "gpu-like"),
+        choices=tuple(WORKLOAD_NAMES),
         default="default",
         help="gpu-like: TTFT 50 ms, ITL 20 ms (50 tokens/s per stream, as a GPU serves an 8B model), 64 tokens, "
-        "the full stack, 20 requests per run at 1 stream; written as results/relay-gpu-<ts>",
+        "the full stack, 20 requests per run at 1 stream; written as results/relay-gpu-<ts>. capacity: the relay's "
+        "tokens/s per core: ITL 1 ms (1,000 tokens/s per stream), 512 tokens, 50 streams, the full stack, 100 "
+        "requests per run; written as results/relay-capacity-<ts>",
     )
     p.add_argument(
         "--stack",
         choices=("relay", "full"),
         help="relay: gateway (static key, embedded router) + worker; full: + budget auth, router service, budget, "
-        "accounting (default relay; gpu-like full)",
+        "accounting (default relay; gpu-like and capacity full)",
     )
     p.add_argument("--out-dir", type=Path, default=Path("results"))
     p.add_argument("--keep-raw", action="store_true", help="keep every run's per-request client JSON")
@@ -162,7 +166,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         "--min-requests",
         type=int,
         help="each run sends at least this many requests: streams send ceil(N / level) requests one "
-        "after another (default 1: one request per stream, so level 1 has one TTFT sample per run; gpu-like 20)",
+        "after another (default 1: one request per stream, so level 1 has one TTFT sample per run; gpu-like 20; "
+        "capacity 100)",
     )
     p.add_argument(
         "--ramp-s",
@@ -193,15 +198,17 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     )
     for noisy in ("httpx", "httpcore", "matplotlib", "llmlab_common.natsio"):
         logging.getLogger(noisy).setLevel(logging.WARNING if noisy != "llmlab_common.natsio" else logging.ERROR)
-    levels = [int(x) for x in (a.levels or ("1,100" if a.quick else "1,100,1000")).split(",") if x.strip()]
+    cap = a.workload == "capacity"
+    default_levels = "50" if cap else ("1,100" if a.quick else "1,100,1000")
+    levels = [int(x) for x in (a.levels or default_levels).split(",") if x.strip()]
     if not levels or min(levels) < 1:
         p.error("--levels needs positive integers")
     gpu = a.workload == "gpu-like"
     repeats = a.repeats if a.repeats is not None else (1 if a.quick else 2)
-    tokens = a.tokens if a.tokens is not None else (64 if a.quick or gpu else 256)
-    ttft_ms = a.ttft_ms if a.ttft_ms is not None else (50.0 if gpu else 100.0)
-    itl_ms = a.itl_ms if a.itl_ms is not None else (20.0 if gpu else 50.0)
-    min_requests = a.min_requests if a.min_requests is not None else (20 if gpu else 1)
+    tokens = a.tokens if a.tokens is not None else (512 if cap else 64 if a.quick or gpu else 256)
+    ttft_ms = a.ttft_ms if a.ttft_ms is not None else (50.0 if gpu or cap else 100.0)
+    itl_ms = a.itl_ms if a.itl_ms is not None else (1.0 if cap else 20.0 if gpu else 50.0)
+    min_requests = a.min_requests if a.min_requests is not None else (100 if cap else 20 if gpu else 1)
     warmup_tokens = a.warmup_tokens if a.warmup_tokens is not None else min(32 if not a.quick else 16, tokens)
     if repeats < 1 or tokens < 2 or warmup_tokens < 1:
         p.error("--repeats >= 1, --tokens >= 2 and --warmup-tokens >= 1")
@@ -224,7 +231,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         quiet_wait_s=a.quiet_wait if a.quiet_wait is not None else (0.0 if a.quick else 60.0),
         quiet_cores=a.quiet_cores,
         worker_heartbeat_s=a.worker_heartbeat_s,
-        stack=a.stack or ("full" if gpu else "relay"),
+        stack=a.stack or ("full" if gpu or cap else "relay"),
         workload=a.workload,
     )
 
@@ -1170,6 +1177,55 @@ def evaluate_gpu_targets(comparisons: Sequence[dict[str, Any]]) -> list[dict[str
     return out
 
 
+CAPACITY_TOKENS_PER_CORE_S = 30_000.0  # one worker process, and one gateway process, per core
+
+
+def evaluate_capacity_targets(comparisons: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The capacity workload's targets, at each level: tokens/s per core of one worker and of one
+    gateway (tokens the engine generated per CPU-second of that process), and the relay's CPU per
+    token (gateway + worker)."""
+    out: list[dict[str, Any]] = []
+    for c in comparisons:
+        cpu = c["cpu_us_per_token"]["stack"]
+        for proc in ("worker", "gateway"):
+            us = cpu.get(proc)
+            v = None if not us else round(1e6 / us)
+            out.append(
+                {
+                    "level": c["level"],
+                    "target": f"one {proc} process: tokens/s per core >= {CAPACITY_TOKENS_PER_CORE_S:,.0f}",
+                    "value": v,
+                    "unit": "tokens/s per core",
+                    "result": "n/a" if v is None else ("PASS" if v >= CAPACITY_TOKENS_PER_CORE_S else "MISS"),
+                    "all_requests_ok": c["all_ok"],
+                }
+            )
+        relay = None if cpu.get("gateway") is None or cpu.get("worker") is None else cpu["gateway"] + cpu["worker"]
+        out.append(
+            {
+                "level": c["level"],
+                "target": f"relay CPU per token (gateway + worker) <= {GPU_RELAY_US_PER_TOKEN:g} us",
+                "value": relay,
+                "unit": "us",
+                "result": "n/a" if relay is None else ("PASS" if relay <= GPU_RELAY_US_PER_TOKEN else "MISS"),
+                "all_requests_ok": c["all_ok"],
+            }
+        )
+    for t in out:
+        if t["result"] == "PASS" and not t["all_requests_ok"]:
+            t["result"] = "MISS"
+            t["note"] = "requests failed (or were refused) at this level"
+    return out
+
+
+def targets_for(workload: str, comparisons: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    if workload == "gpu-like":
+        return evaluate_gpu_targets(comparisons)
+    if workload == "capacity":
+        return evaluate_capacity_targets(comparisons)
+    return evaluate_targets(comparisons)
+
+
 def analyse(comparisons: Sequence[dict[str, Any]], cores: int, heartbeat_s: float = 1.0) -> list[str]:
     """Plain-language 'what limits it', from the CPU figures."""
     lines: list[str] = []
@@ -1432,7 +1488,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
             )
     out += ["", "## Targets", "", "| streams | target | value | result | note |", "|---:|---|---:|---|---|"]
     for t in targets:
-        out.append(f"| {t['level']} | {t['target']} | {f(t['value'], 3)} | **{t['result']}** | {t.get('note', '')} |")
+        val = f(t["value"], 0 if t["unit"] == "tokens/s per core" else 3)
+        out.append(f"| {t['level']} | {t['target']} | {val} | **{t['result']}** | {t.get('note', '')} |")
     out += [
         "",
         "## CPU (mean cores over the run; peak = highest 0.5 s sample) and peak RSS",
@@ -1550,7 +1607,7 @@ def build_document(cfg: BenchConfig, bench: Bench, started: dt.datetime, duratio
         "metadata": metadata(cfg, bench, started, duration_s),
         "summary": {
             "levels": comps,
-            "targets": evaluate_gpu_targets(comps) if cfg.workload == "gpu-like" else evaluate_targets(comps),
+            "targets": targets_for(cfg.workload, comps),
             "analysis": analyse(comps, cores, cfg.worker_heartbeat_s),
         },
         "runs": [r.to_json() for r in bench.runs],
@@ -1602,7 +1659,8 @@ def report_lines(doc: dict[str, Any], paths: dict[str, Path]) -> list[str]:
         )
     out += ["", "Targets:"]
     for t in doc["summary"]["targets"]:
-        val = "—" if t["value"] is None else f"{t['value']:.3f}"
+        nd = 0 if t["unit"] == "tokens/s per core" else 3
+        val = "—" if t["value"] is None else f"{t['value']:.{nd}f}"
         note = f"  ({t['note']})" if t.get("note") else ""
         out.append(f"  {t['result']:<4} {t['level']:>5} streams: {t['target']}: {val}{note}")
     out += ["", "What limits it:"] + [f"  - {line}" for line in doc["summary"]["analysis"]]

@@ -263,3 +263,31 @@ def test_gpu_like_targets_are_the_data_plane_issues() -> None:
         (1000, "tokens/s stack/direct >= 0.6"): "MISS",
         (1000, "relay CPU per token (gateway + worker) <= 50 us"): "MISS",
     }
+
+
+@pytest.mark.unit
+def test_capacity_workload_preset() -> None:
+    """The relay-capacity run: ITL 1 ms, 512 tokens, 50 streams, the full stack, its own results name."""
+    cfg = rb.parse_args(["--workload", "capacity"])
+    assert (cfg.ttft_ms, cfg.itl_ms, cfg.tokens, cfg.stack, cfg.name) == (50.0, 1.0, 512, "full", "relay-capacity")
+    assert cfg.levels == [50] and cfg.min_requests == 100
+
+
+@pytest.mark.unit
+def test_capacity_targets_are_tokens_per_core_of_each_process() -> None:
+    """Catches: tokens per core taken from the wrong process, the 30k limit inverted, or a level
+    with failed requests passing."""
+    # 25 us/token = 40,000 tokens/s per core; 40 us = 25,000.
+    judged = rb.evaluate_capacity_targets([_level(50, 0, 0, 1, gw=25, wk=40)])
+    t = {(x["target"].split(":")[0], x["result"]) for x in judged}
+    assert t == {
+        ("one worker process", "MISS"),
+        ("one gateway process", "PASS"),
+        ("relay CPU per token (gateway + worker) <= 50 us", "MISS"),
+    }
+    judged = rb.evaluate_capacity_targets([_level(50, 0, 0, 1, gw=25, wk=20)])
+    values = {x["target"].split(":")[0]: x["value"] for x in judged}
+    assert values["one worker process"] == 50_000 and values["one gateway process"] == 40_000
+    failed = rb.evaluate_capacity_targets([_level(50, 0, 0, 1, ok=False, gw=10, wk=10)])
+    assert {x["result"] for x in failed} == {"MISS"}
+    assert rb.targets_for("capacity", [_level(50, 0, 0, 1)]) == rb.evaluate_capacity_targets([_level(50, 0, 0, 1)])

@@ -25,7 +25,7 @@ DOCS = sorted(
         *REPO.glob("loadtest/*.md"),
     }
 )
-RUN = re.compile(r"results/((?:relay|budget|router|accounting)-\d{8}T\d{6}Z)\b")
+RUN = re.compile(r"results/((?:relay(?:-gpu|-capacity)?|budget|router|accounting)-\d{8}T\d{6}Z)\b")
 MET = re.compile(r"\b(?:MET|met|meets?|PASS)\b")
 MISS = re.compile(r"\bMISS\b")
 ACCOUNTING_RATE, ACCOUNTING_VISIBILITY_S = 20_000, 5.0  # the ingest target (docs/accounting.md)
