@@ -101,6 +101,9 @@ class BenchConfig:
     stack: str = "relay"
     # "gpu-like" and "capacity": the data-plane issue's latency and per-core targets
     workload: str = "default"
+    # Scale-out: processes of the gateway (on one port, SO_REUSEPORT) and of the worker (per engine).
+    gateway_processes: int = 1
+    worker_processes: int = 1
     nats_url: str = os.environ.get("LLMLAB_NATS_URL", "nats://127.0.0.1:4222")
     render: Path | None = None  # --render: only rewrite the reports of this saved run
 
@@ -153,6 +156,18 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         choices=("relay", "full"),
         help="relay: gateway (static key, embedded router) + worker; full: + budget auth, router service, budget, "
         "accounting (default relay; gpu-like and capacity full)",
+    )
+    p.add_argument(
+        "--gateway-processes",
+        type=int,
+        default=1,
+        help="gateway processes on its one port (LLMLAB_GATEWAY_PROCESSES; SO_REUSEPORT); default 1",
+    )
+    p.add_argument(
+        "--worker-processes",
+        type=int,
+        default=1,
+        help="worker processes in front of the one simulator (LLMLAB_WORKER_PROCESSES); default 1",
     )
     p.add_argument("--out-dir", type=Path, default=Path("results"))
     p.add_argument("--keep-raw", action="store_true", help="keep every run's per-request client JSON")
@@ -212,6 +227,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     warmup_tokens = a.warmup_tokens if a.warmup_tokens is not None else min(32 if not a.quick else 16, tokens)
     if repeats < 1 or tokens < 2 or warmup_tokens < 1:
         p.error("--repeats >= 1, --tokens >= 2 and --warmup-tokens >= 1")
+    if a.gateway_processes < 1 or a.worker_processes < 1:
+        p.error("--gateway-processes and --worker-processes need at least 1")
     seqs = max(1100, max(levels))
     return BenchConfig(
         render=a.render,
@@ -233,6 +250,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         worker_heartbeat_s=a.worker_heartbeat_s,
         stack=a.stack or ("full" if gpu or cap else "relay"),
         workload=a.workload,
+        gateway_processes=a.gateway_processes,
+        worker_processes=a.worker_processes,
     )
 
 
@@ -240,8 +259,15 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
 # Process sampling
 # ---------------------------------------------------------------------------------------------
 def _cpu(p: psutil.Process) -> float:
+    """CPU seconds of a process and its live children (a service run with processes > 1 starts
+    its copies as children: they count as that service)."""
     t = p.cpu_times()
-    return float(t.user + t.system)
+    total = float(t.user + t.system)
+    for child in p.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            ct = child.cpu_times()
+            total += ct.user + ct.system
+    return total
 
 
 def _system_busy() -> tuple[float, float]:
@@ -622,8 +648,14 @@ class Bench:
             "vllm", MODEL, ttft_ms=c.ttft_ms, itl_ms=c.itl_ms, max_num_seqs=c.max_num_seqs, output_len=c.tokens
         )
         self.worker = self.stack.worker(
-            "vllm", POOL, url(self.sim), max_concurrency=c.worker_max_concurrency, heartbeat_s=c.worker_heartbeat_s
+            "vllm",
+            POOL,
+            url(self.sim),
+            max_concurrency=c.worker_max_concurrency,
+            heartbeat_s=c.worker_heartbeat_s,
+            env={"LLMLAB_WORKER_PROCESSES": str(c.worker_processes)},
         )
+        gw_env = {"LLMLAB_GATEWAY_PROCESSES": str(c.gateway_processes)}
         extra: dict[str, ManagedProcess] = {}
         if c.stack == "full":
             # As a user runs it: every request authenticated and reserved by the budget service,
@@ -636,9 +668,9 @@ class Bench:
             scopes = {"key": unlimited, "user": unlimited, "team": unlimited}
             self.api_key = admin.provision("enterprise", scopes).api_key
             admin.close()
-            self.gateway = self.stack.gateway(auth="budget", router="service")
+            self.gateway = self.stack.gateway(auth="budget", router="service", env=gw_env)
         else:
-            self.gateway = self.stack.gateway(queue_timeout_s=c.queue_timeout_s)
+            self.gateway = self.stack.gateway(queue_timeout_s=c.queue_timeout_s, env=gw_env)
         self._wait_gateway_sees_worker()
         self.services = {
             "simulator": psutil.Process(self.sim.pid),
@@ -668,16 +700,20 @@ class Bench:
     def _wait_gateway_sees_worker(self, timeout: float = 15.0) -> None:
         assert self.gateway is not None
         deadline = time.monotonic() + timeout
+        # Each scrape reaches one gateway process (SO_REUSEPORT): ask until several in a row see every worker.
+        needed, seen = 3 * self.cfg.gateway_processes, 0
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
-                text = httpx.get(url(self.gateway) + "/metrics", timeout=2).text
-                for line in text.splitlines():
-                    if (
-                        line.startswith("llmlab_gateway_live_workers{")
-                        and f'pool="{POOL}"' in line
-                        and float(line.rsplit(" ", 1)[-1]) >= 1
-                    ):
-                        return
+                text = httpx.get(url(self.gateway) + "/metrics", timeout=2, headers={"Connection": "close"}).text
+                ok = any(
+                    line.startswith("llmlab_gateway_live_workers{")
+                    and f'pool="{POOL}"' in line
+                    and float(line.rsplit(" ", 1)[-1]) >= self.cfg.worker_processes
+                    for line in text.splitlines()
+                )
+                seen = seen + 1 if ok else 0
+                if seen >= needed:
+                    return
             time.sleep(0.2)
         raise TimeoutError("the gateway never saw the worker's heartbeat")
 
@@ -1406,7 +1442,9 @@ def metadata(cfg: BenchConfig, bench: Bench, started: dt.datetime, duration_s: f
             "max_concurrency": cfg.worker_max_concurrency,
             "heartbeat_interval_s": cfg.worker_heartbeat_s,
             "coalesce_ms": "default (10)",
+            "processes": cfg.worker_processes,
         },
+        "gateway_processes": cfg.gateway_processes,
         "gateway": (
             {"queue_timeout_s": cfg.queue_timeout_s, "auth": "static", "router": "embedded"}
             if cfg.stack == "relay"

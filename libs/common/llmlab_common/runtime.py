@@ -11,8 +11,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +30,7 @@ from fastapi import APIRouter, FastAPI, Response
 
 from llmlab_common.logging import setup_logging
 from llmlab_common.metrics import Metrics
-from llmlab_common.settings import InfraSettings, ServiceSettings
+from llmlab_common.settings import InfraSettings, ScalableSettings, ServiceSettings
 
 log = logging.getLogger(__name__)
 SettingsT = TypeVar("SettingsT", bound=ServiceSettings)
@@ -71,19 +77,80 @@ async def cancel_and_wait(task: asyncio.Task[None]) -> None:
 
 
 class _DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: ServiceState) -> None:
+    def __init__(self, config: uvicorn.Config, state: ServiceState, on_exit: Callable[[], None] | None = None) -> None:
         super().__init__(config)
         self._state = state
+        self._on_exit = on_exit
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self._state.draining:
             log.info("signal %s: draining (not ready, finishing in-flight work)", sig)
+            if self._on_exit is not None:
+                self._on_exit()  # the copies drain at the same time
         self._state.draining = True
         super().handle_exit(sig, frame)
 
 
-def serve(app: FastAPI, settings: ServiceSettings, service: str) -> None:
-    """Run a service app until SIGTERM/SIGINT; the app must expose ``app.state.service_state``."""
+def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+class Copies:
+    """The other processes of a service run with ``processes > 1``: copies of this one (same
+    module, same environment) that each bind the port with SO_REUSEPORT. They die with this
+    process (PR_SET_PDEATHSIG) and are told to drain when it is."""
+
+    def __init__(self, settings: ScalableSettings, module: str) -> None:
+        self.settings = settings
+        self.module = module
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        s = self.settings
+        prefix = str(s.model_config.get("env_prefix", ""))
+        for i in range(1, s.processes):
+            env = {**os.environ, f"{prefix}PROCESSES": "1", f"{prefix}REUSE_PORT": "true", f"{prefix}PORT": str(s.port)}
+            env[f"{prefix}PROCESS_INDEX"] = str(i)
+            if s.instance_id_field and f"{prefix}{s.instance_id_field}".upper() in {k.upper() for k in os.environ}:
+                # An id set for the service names its first process; each copy gets its own.
+                env[f"{prefix}{s.instance_id_field}".upper()] = f"{getattr(s, s.instance_id_field)}-p{i}"
+            self.procs.append(
+                subprocess.Popen([sys.executable, "-m", self.module], env=env, preexec_fn=_die_with_parent)
+            )
+        log.info("started %d more %s process(es) on port %d", len(self.procs), self.module, s.port)
+
+    def signal_drain(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    def stop(self) -> None:
+        self.signal_drain()
+        for p in self.procs:
+            try:
+                p.wait(self.settings.drain_timeout_s + 5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def _die_with_parent() -> None:
+    # PR_SET_PDEATHSIG = 1: a copy gets SIGTERM when its parent dies, even by SIGKILL.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def serve(app: FastAPI, settings: ServiceSettings, service: str, copies: Copies | None = None) -> None:
+    """Run a service app until SIGTERM/SIGINT; the app must expose ``app.state.service_state``.
+    A scalable service with ``processes > 1`` (or ``reuse_port``) binds its port with
+    SO_REUSEPORT, and ``copies`` are drained and stopped with it."""
     setup_logging(service, settings.infra.log_level, settings.infra.log_json)
     state: ServiceState = app.state.service_state
     config = uvicorn.Config(
@@ -96,10 +163,22 @@ def serve(app: FastAPI, settings: ServiceSettings, service: str) -> None:
         timeout_keep_alive=30,
         backlog=4096,
     )
-    server = _DrainingServer(config, state)
-    # Server.run() uses uvicorn's loop setting ("auto": uvloop when installed). Its transports and
-    # timers cost about half of asyncio's at 1,000 streams.
-    server.run()
+    server = _DrainingServer(config, state, copies.signal_drain if copies is not None else None)
+    sockets: list[socket.socket] | None = None
+    if isinstance(settings, ScalableSettings) and (settings.reuse_port or settings.processes > 1):
+        sockets = [_listen(settings.host, settings.port, reuse_port=True)]
+        if settings.process_ops_port_base:
+            port = settings.process_ops_port_base + settings.process_index
+            sockets.append(_listen(settings.host, port, reuse_port=False))
+    try:
+        if copies is not None:
+            copies.start()
+        # Server.run() uses uvicorn's loop setting ("auto": uvloop when installed). Its transports
+        # and timers cost about half of asyncio's at 1,000 streams.
+        server.run(sockets=sockets)
+    finally:
+        if copies is not None:
+            copies.stop()
 
 
 def settings_help(settings_cls: type[ServiceSettings]) -> str:
@@ -139,4 +218,7 @@ def run_service(
     app = app_factory(settings)
     if prepare is not None:
         prepare(settings)
-    serve(app, settings, service)
+    copies = None
+    if isinstance(settings, ScalableSettings) and settings.processes > 1:
+        copies = Copies(settings, f"llmlab_{service.replace('-', '_')}")
+    serve(app, settings, service, copies)

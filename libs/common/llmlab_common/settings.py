@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -59,3 +59,19 @@ class ServiceSettings(BaseSettings):
         """Outside dev/test a secret left at its shipped default is a deployment error."""
         if self.infra.env == "prod" and value == default:
             raise ValueError(f"{name} is still the shipped default; set it before running with LLMLAB_ENV=prod")
+
+
+class ScalableSettings(ServiceSettings):
+    """A service that may run as several processes on one port (the gateway, the workers): the
+    first process starts the others as copies of itself, each binds the port with SO_REUSEPORT
+    (the kernel spreads new connections over them), and they stop together. Each copy is a
+    full instance with its own id (``instance_id_field``, suffixed ``-p<i>`` when it was set)."""
+
+    instance_id_field: ClassVar[str] = ""
+    processes: int = Field(default=1, ge=1, le=64)
+    reuse_port: bool = False  # set in each copy; set it yourself to run copies by hand
+    process_index: int = Field(default=0, ge=0)  # 0: the first process; i: its copy i
+    # With several processes, copy i also serves /metrics, /health and /ready on
+    # process_ops_port_base + i (0 = the first process): a scrape of the shared port reaches
+    # whichever process the kernel picked, these reach one each. 0: no per-process ports.
+    process_ops_port_base: int = Field(default=0, ge=0, le=65535)

@@ -4,7 +4,7 @@ import os
 import secrets
 import socket
 
-from llmlab_common.settings import ServiceSettings
+from llmlab_common.settings import ScalableSettings
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -15,10 +15,11 @@ def _default_worker_id() -> str:
     return f"{clean}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
-class WorkerSettings(ServiceSettings):
+class WorkerSettings(ScalableSettings):
     """Env prefix ``LLMLAB_WORKER_``; both engine workers share it (same lifecycle)."""
 
     model_config = SettingsConfigDict(env_prefix="LLMLAB_WORKER_", extra="ignore")
+    instance_id_field = "worker_id"
 
     port: int = 8090
     engine_url: str = "http://127.0.0.1:8001"

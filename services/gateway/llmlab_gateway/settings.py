@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Literal
 
 from llmlab_common import rules
-from llmlab_common.settings import ServiceSettings
+from llmlab_common.settings import ScalableSettings
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
@@ -13,10 +13,11 @@ DEV_API_KEY = "sk-llmlab-dev"  # documented dev key; refused when LLMLAB_ENV=pro
 DEV_API_KEY_SHA256 = rules.hash_key(DEV_API_KEY)
 
 
-class GatewaySettings(ServiceSettings):
+class GatewaySettings(ScalableSettings):
     """Env prefix ``LLMLAB_GATEWAY_``."""
 
     model_config = SettingsConfigDict(env_prefix="LLMLAB_GATEWAY_", extra="ignore")
+    instance_id_field = "gateway_id"
 
     port: int = 8080
     gateway_id: str = Field(default_factory=lambda: f"gw-{secrets.token_hex(4)}")
