@@ -4,6 +4,7 @@ worker run as several processes in front of one engine (``processes`` in their s
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import socket
 
@@ -54,7 +55,7 @@ async def test_gateway_processes_share_its_port_and_stop_together(stack: Stack) 
     assert len(copies) == 1, copies
     ops_urls = [f"http://127.0.0.1:{ops + i}" for i in range(2)]
     for u in ops_urls:  # each process answers on its own ops port once it is up
-        await eventually(lambda u=u: _ready(u), timeout=15, what=f"{u}/ready")
+        await eventually(functools.partial(_ready, u), timeout=15, what=f"{u}/ready")
     # One connection per request: the kernel spreads new connections over the processes.
     n = 24
     for _ in range(n):
