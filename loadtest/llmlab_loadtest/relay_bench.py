@@ -148,7 +148,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         default="default",
         help="gpu-like: TTFT 50 ms, ITL 20 ms (50 tokens/s per stream, as a GPU serves an 8B model), 64 tokens, "
         "the full stack, 20 requests per run at 1 stream; written as results/relay-gpu-<ts>. capacity: the relay's "
-        "tokens/s per core: ITL 1 ms (1,000 tokens/s per stream), 512 tokens, 50 streams, the full stack, 100 "
+        "tokens/s per core: ITL 1 ms (1,000 tokens/s per stream), 512 tokens, 50 streams, the full stack, 1,000 "
         "requests per run; written as results/relay-capacity-<ts>",
     )
     p.add_argument(
@@ -182,7 +182,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         type=int,
         help="each run sends at least this many requests: streams send ceil(N / level) requests one "
         "after another (default 1: one request per stream, so level 1 has one TTFT sample per run; gpu-like 20; "
-        "capacity 100)",
+        "capacity 1000)",
     )
     p.add_argument(
         "--ramp-s",
@@ -223,7 +223,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     tokens = a.tokens if a.tokens is not None else (512 if cap else 64 if a.quick or gpu else 256)
     ttft_ms = a.ttft_ms if a.ttft_ms is not None else (50.0 if gpu or cap else 100.0)
     itl_ms = a.itl_ms if a.itl_ms is not None else (1.0 if cap else 20.0 if gpu else 50.0)
-    min_requests = a.min_requests if a.min_requests is not None else (100 if cap else 20 if gpu else 1)
+    min_requests = a.min_requests if a.min_requests is not None else (1000 if cap else 20 if gpu else 1)
     warmup_tokens = a.warmup_tokens if a.warmup_tokens is not None else min(32 if not a.quick else 16, tokens)
     if repeats < 1 or tokens < 2 or warmup_tokens < 1:
         p.error("--repeats >= 1, --tokens >= 2 and --warmup-tokens >= 1")

@@ -270,7 +270,7 @@ def test_capacity_workload_preset() -> None:
     """The relay-capacity run: ITL 1 ms, 512 tokens, 50 streams, the full stack, its own results name."""
     cfg = rb.parse_args(["--workload", "capacity"])
     assert (cfg.ttft_ms, cfg.itl_ms, cfg.tokens, cfg.stack, cfg.name) == (50.0, 1.0, 512, "full", "relay-capacity")
-    assert cfg.levels == [50] and cfg.min_requests == 100
+    assert cfg.levels == [50] and cfg.min_requests == 1000
 
 
 @pytest.mark.unit

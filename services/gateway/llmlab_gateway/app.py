@@ -67,7 +67,8 @@ def create_app(settings: GatewaySettings) -> RawSendApp:
             feed = LiveFeed(nc, js, topo, live, heartbeats=False)  # the dispatcher feeds heartbeats
             await feed.start()
             stack.push_async_callback(feed.stop)
-            dlog = DecisionLog(settings.decision_log) if settings.decision_log is not None else None
+            dlog_path = settings.decision_log_path()
+            dlog = DecisionLog(dlog_path) if dlog_path is not None else None
             if dlog is not None:
                 stack.callback(dlog.close)
             embedded = EmbeddedRouter(RouterCore(holder, live, dlog))

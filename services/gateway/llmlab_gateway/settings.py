@@ -51,6 +51,13 @@ class GatewaySettings(ScalableSettings):
     worker_discovery_grace_s: float = 2.0
     worker_sweep_interval_s: float = 0.1
 
+    def decision_log_path(self) -> Path | None:
+        """Each process of a gateway run with processes > 1 appends to its own file (copy i: ``-p<i>``)."""
+        p = self.decision_log
+        if p is None or self.process_index == 0:
+            return p
+        return p.with_name(f"{p.stem}-p{self.process_index}{p.suffix}")
+
     @model_validator(mode="after")
     def _no_dev_key_in_prod(self) -> GatewaySettings:
         if self.infra.env == "prod" and self.auth == "static":

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 from llmlab_common.settings import InfraSettings
@@ -24,3 +25,12 @@ def test_settings_come_from_the_service_prefix(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("LLMLAB_NAMESPACE", "bad.namespace")
     with pytest.raises(ValueError):
         GatewaySettings()
+
+
+def test_each_gateway_process_has_its_own_decision_log(tmp_path: Path) -> None:
+    """Catches: copies of a gateway run with processes > 1 appending to (and rotating) one file."""
+    log = tmp_path / "gateway-decisions.jsonl"
+    assert GatewaySettings(decision_log=log).decision_log_path() == log
+    copy = GatewaySettings(decision_log=log, process_index=2)
+    assert copy.decision_log_path() == tmp_path / "gateway-decisions-p2.jsonl"
+    assert GatewaySettings(decision_log=None, process_index=1).decision_log_path() is None
