@@ -3,8 +3,9 @@
 * **API keys** (:func:`hash_key`, :func:`key_matches`, :func:`key_id`): keys are stored and sent
   over NATS only as their SHA-256; the gateway, the budget service and both admin APIs compare
   with these.
-* **Failed attempts** (:data:`FAILED_OUTCOMES`): which attempt outcomes count against a
-  deployment. The router's health filter and accounting's status classes read it.
+* **Failed attempts** (:data:`FAILED_OUTCOMES`, :func:`counts_against_deployment`): which attempt
+  outcomes are failures (accounting's status classes) and which count against a deployment (the
+  router's health filter: not a queue timeout).
 * **Budget refusals** (:func:`is_budget_refusal`): which errors mean "the budget said no". The
   budget service raises them; accounting classifies request events by them.
 * **Charging** (:func:`charge_for`): what a request pays because of one attempt event. The budget
@@ -52,6 +53,18 @@ FAILED_OUTCOMES: frozenset[AttemptOutcome] = frozenset({"engine_error", "worker_
 
 def attempt_failed(outcome: AttemptOutcome) -> bool:
     return outcome in FAILED_OUTCOMES
+
+
+def counts_against_deployment(ev: AttemptEvent) -> bool:
+    """The router's health rule: a failed attempt counts against its deployment, except one that
+    no worker took within the queue bound (the gateway's ``abandoned`` with code ``queue_timeout``).
+    That deployment is busy, not failing: the client got a 429 with Retry-After, and the load shows
+    in the workers' heartbeats. Counted, a burst of queue timeouts would mark a healthy deployment
+    failing, the router would refuse every request to it (503) and, with nothing routed, no new
+    attempt would clear the mark: an overload turned into an outage."""
+    if not attempt_failed(ev.outcome):
+        return False
+    return not (ev.outcome == "abandoned" and ev.error is not None and ev.error.code == Code.QUEUE_TIMEOUT)
 
 
 # -- budget refusals -----------------------------------------------------------------------------

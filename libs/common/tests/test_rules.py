@@ -94,3 +94,18 @@ def test_slo_verdict() -> None:
         rules.SloLimits(e2e_s=60.0, queue_s=5.0), answered=True, ttft_s=None, tpot_s=None, e2e_s=9.0, queue_s=6.0
     )
     assert waited.queue_ok is False and not waited.met
+
+
+def test_a_queue_timeout_is_a_failure_but_not_against_the_deployment() -> None:
+    """Catches: queue timeouts (nobody took the attempt: the deployment is busy) counted against
+    the deployment, which lets a burst mark a healthy deployment failing; and real failures
+    (engine error, lost worker, no first token from a worker that took it) no longer counted."""
+    queued = ErrorInfo(status=0, type="attempt", code=Code.QUEUE_TIMEOUT, message="queue wait exceeded")
+    no_token = ErrorInfo(status=0, type="attempt", code="abandoned", message="no first token in time")
+    timed_out = event("abandoned", "gateway", error=queued)
+    assert rules.attempt_failed(timed_out.outcome) and not rules.counts_against_deployment(timed_out)
+    assert rules.counts_against_deployment(event("abandoned", "gateway", error=no_token, worker_id="w1"))
+    for outcome in ("engine_error", "worker_lost"):
+        assert rules.counts_against_deployment(event(outcome))
+    for outcome in ("completed", "cancelled", "expired", "stale"):
+        assert not rules.counts_against_deployment(event(outcome))

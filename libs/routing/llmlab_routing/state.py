@@ -79,7 +79,7 @@ class LiveState:
         self._by_pool.setdefault(hb.pool, {})[hb.worker_id] = w
 
     def on_attempt(self, ev: AttemptEvent, now: float | None = None) -> None:
-        failed = rules.attempt_failed(ev.outcome)
+        failed = rules.counts_against_deployment(ev)
         if ev.source != "worker" and not failed:
             return
         now = time.monotonic() if now is None else now

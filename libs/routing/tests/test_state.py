@@ -4,7 +4,8 @@ replaces priors after enough samples, failures mark a deployment, the affinity t
 from __future__ import annotations
 
 import pytest
-from llmlab_common.messages import AttemptEvent, Principal, RouteQuery, Timings
+from llmlab_common.codes import Code
+from llmlab_common.messages import AttemptEvent, ErrorInfo, Principal, RouteQuery, Timings
 from llmlab_common.settings import DEFAULT_CATALOG
 from llmlab_routing.config import load_router_catalog
 from llmlab_routing.core import RouterCore
@@ -65,6 +66,27 @@ def test_failures_are_counted_per_deployment() -> None:
         st.on_attempt(done("a", 0.1, "engine_error"), now=10.0)
     st.on_attempt(done("a", 0.1), now=10.0)
     assert st.stats["a"].failure_rate(10.0, 60) == (0.75, 4)
+
+
+def test_a_burst_of_queue_timeouts_leaves_the_deployment_routable() -> None:
+    """Catches: the overload-to-outage path seen at 1,000 streams: queue timeouts (no worker took
+    the attempt in time) counted as the deployment failing, after which the health filter refuses
+    every request with 503 ``failing``."""
+    rc = load_router_catalog(DEFAULT_CATALOG)
+    core = RouterCore(rc, clock=lambda: 1000.0)
+    core.state.on_heartbeat(hb("w1"), now=1000.0)
+    queued = ErrorInfo(status=0, type="attempt", code=Code.QUEUE_TIMEOUT, message="queue wait exceeded")
+    for _ in range(50):
+        ev = done("llama-8b-vllm", 0.1, "abandoned").model_copy(update={"source": "gateway", "error": queued})
+        core.state.on_attempt(ev, now=999.0)
+    q = RouteQuery(request_id="r", model="meta-llama/Llama-3.1-8B-Instruct", prompt_tokens=10, max_output_tokens=10)
+    view = core.build_inputs(q).deployments[0]
+    assert view.failure_samples == 0
+    # The same number of attempts a worker took and never answered do mark it failing.
+    silent = done("llama-8b-vllm", 0.1, "abandoned").model_copy(update={"source": "gateway"})
+    for _ in range(50):
+        core.state.on_attempt(silent, now=999.0)
+    assert core.build_inputs(q).deployments[0].failure_rate == 1.0
 
 
 def test_affinity_follows_the_last_worker_and_is_bounded() -> None:

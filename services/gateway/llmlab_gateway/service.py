@@ -394,7 +394,9 @@ class CompletionService:
             # deadline says the same). A first choice answers 429 so the client backs off; a
             # fallback gives way to the next target of the chain.
             self.dispatcher.cancel(req.request_id, req.attempt, Code.QUEUE_TIMEOUT)
-            self._gateway_attempt_event(ctx, req, route_dep, "abandoned", None, "queue wait exceeded")
+            self._gateway_attempt_event(
+                ctx, req, route_dep, "abandoned", None, "queue wait exceeded", code=Code.QUEUE_TIMEOUT
+            )
             if req.attempt > 1:
                 return None, EngineError(
                     f"attempt {req.attempt}: no worker took it in {queue_timeout:.1f}s",
@@ -430,6 +432,7 @@ class CompletionService:
         outcome: AttemptOutcome,
         worker_id: str | None,
         why: str,
+        code: str | None = None,
     ) -> None:
         self.dispatcher.record_attempt(
             AttemptEvent(
@@ -443,7 +446,7 @@ class CompletionService:
                 model=dep.model,
                 endpoint=req.endpoint,
                 principal=ctx.principal,
-                error=ErrorInfo(status=0, type="attempt", code=outcome, message=why),
+                error=ErrorInfo(status=0, type="attempt", code=code or outcome, message=why),
                 route=req.route,
                 created_at=ctx.created_at,
                 ended_at=time.time(),

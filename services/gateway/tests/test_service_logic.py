@@ -158,6 +158,8 @@ async def test_queue_timeout_is_429_with_retry_after_and_cancels_the_attempt() -
     assert "Retry-After" in exc.value.headers
     assert d.cancels == [("r", 1, "queue_timeout")]
     assert [e.outcome for e in d.attempt_events] == ["abandoned"]
+    # Marked as a queue timeout: the router's health rule does not count it against the deployment.
+    assert d.attempt_events[0].error is not None and d.attempt_events[0].error.code == "queue_timeout"
 
 
 async def test_no_worker_is_503() -> None:
