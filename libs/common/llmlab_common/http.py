@@ -34,6 +34,13 @@ def error_response(err: LLMLabError, request_id: str | None = None) -> JSONRespo
     return JSONResponse(err.to_openai(), status_code=err.status, headers=headers or None)
 
 
+def unexpected_error(service: str, exc: Exception, *, request_ids: bool = False, where: str = "") -> JSONResponse:
+    """An exception nobody handled: logged (with ``where`` it happened), answered as a 500 in OpenAI's shape."""
+    log.error("unhandled error%s", f" on {where}" if where else "", exc_info=exc)
+    err = LLMLabError(f"Internal error; see the {service} logs.")
+    return error_response(err, (request_id_var.get() or new_request_id()) if request_ids else None)
+
+
 def install_error_handlers(app: FastAPI, service: str, *, request_ids: bool = False) -> None:
     """Answer every error of ``app`` in OpenAI's shape. With ``request_ids`` every error also
     carries ``X-Request-Id``: the request's own (set in the logging context when it was accepted),
@@ -64,5 +71,4 @@ def install_error_handlers(app: FastAPI, service: str, *, request_ids: bool = Fa
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return respond(LLMLabError(f"Internal error; see the {service} logs."))
+        return unexpected_error(service, exc, request_ids=request_ids, where=f"{request.method} {request.url.path}")

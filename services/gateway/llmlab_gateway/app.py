@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from llmlab_common.http import install_error_handlers
+from llmlab_common.http import install_error_handlers, unexpected_error
 from llmlab_common.metrics import Metrics
 from llmlab_common.natsio import connect, ensure_streams
 from llmlab_common.runtime import ServiceState, cancel_and_wait, ops_router
@@ -27,6 +28,7 @@ from llmlab_gateway.budget_client import BudgetAdmitter
 from llmlab_gateway.deps import Gateway
 from llmlab_gateway.dispatch import NatsDispatcher
 from llmlab_gateway.metrics import GatewayMetrics
+from llmlab_gateway.routes import fast_routes
 from llmlab_gateway.routes import router as openai_routes
 from llmlab_gateway.routing import EmbeddedRouter, RemoteRouter
 from llmlab_gateway.service import CompletionService, Router
@@ -105,6 +107,8 @@ def create_app(settings: GatewaySettings) -> RawSendApp:
     install_error_handlers(app, "gateway", request_ids=True)
     app.include_router(ops_router(state, metrics))
     app.include_router(openai_routes)
+    app.fast_routes = fast_routes()
+    app.unexpected = functools.partial(unexpected_error, "gateway", request_ids=True)
     return app
 
 

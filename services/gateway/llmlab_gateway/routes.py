@@ -9,8 +9,9 @@ import time
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from llmlab_gateway.deps import GatewayDep, bearer_key
+from llmlab_gateway.deps import Gateway, GatewayDep, bearer_key
 from llmlab_gateway.relay import handle_completion
+from llmlab_gateway.sse import FastHandler
 
 router = APIRouter()
 
@@ -41,3 +42,19 @@ async def chat_completions(request: Request, gw: GatewayDep) -> Response:
 @router.post("/v1/completions")
 async def completions(request: Request, gw: GatewayDep) -> Response:
     return await handle_completion(request, gw, "completions")
+
+
+def fast_routes() -> dict[str, FastHandler]:
+    """The completion routes as plain ASGI handlers (:class:`~llmlab_gateway.sse.RawSendApp`):
+    the same :func:`handle_completion` as the routes above, without FastAPI's routing,
+    dependencies and middleware on every request."""
+
+    async def chat(request: Request) -> Response:
+        gw: Gateway = request.app.state.gateway
+        return await handle_completion(request, gw, "chat")
+
+    async def legacy(request: Request) -> Response:
+        gw: Gateway = request.app.state.gateway
+        return await handle_completion(request, gw, "completions")
+
+    return {"/v1/chat/completions": chat, "/v1/completions": legacy}

@@ -10,22 +10,46 @@ keeps in the scope. A client disconnect cancels the stream, as with ``StreamingR
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 RAW_SEND = "llmlab.raw_send"
 
 
+FastHandler = Callable[[Request], Awaitable[Response]]
+
+
 class RawSendApp(FastAPI):
-    """FastAPI that keeps the server's own ``send`` in each HTTP scope (for :class:`SseResponse`)."""
+    """FastAPI that keeps the server's own ``send`` in each HTTP scope (for :class:`SseResponse`),
+    and serves the POST routes in ``fast_routes`` as plain ASGI: without routing, dependency
+    solving and the Starlette/FastAPI middleware, which were about a fifth of the gateway's CPU
+    per request (``results/relay-cost-split-20261203``). A fast handler answers every error itself
+    (in OpenAI's shape); ``unexpected`` turns anything else into a 500 of that shape. The same
+    routes stay registered on the app (OpenAPI, other methods, a fallback)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fast_routes: dict[str, FastHandler] = {}
+        self.unexpected: Callable[[Exception], Response] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             scope[RAW_SEND] = send
+            handler = self.fast_routes.get(scope["path"]) if scope["method"] == "POST" else None
+            if handler is not None:
+                scope["app"] = self
+                try:
+                    response = await handler(Request(scope, receive))
+                except Exception as exc:
+                    if self.unexpected is None:
+                        raise
+                    response = self.unexpected(exc)
+                await response(scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
 
 
