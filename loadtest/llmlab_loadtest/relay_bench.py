@@ -1193,19 +1193,26 @@ def evaluate_gpu_targets(comparisons: Sequence[dict[str, Any]]) -> list[dict[str
             }
         )
     if comparisons:
-        top = max(comparisons, key=lambda c: c["level"])
-        cpu = top["cpu_us_per_token"]["stack"]
-        relay = None if cpu.get("gateway") is None or cpu.get("worker") is None else cpu["gateway"] + cpu["worker"]
-        out.append(
-            {
-                "level": top["level"],
-                "target": f"relay CPU per token (gateway + worker) <= {GPU_RELAY_US_PER_TOKEN:g} us",
-                "value": relay,
-                "unit": "us",
-                "result": "n/a" if relay is None else ("PASS" if relay <= GPU_RELAY_US_PER_TOKEN else "MISS"),
-                "all_requests_ok": top["all_ok"],
-            }
-        )
+        out.append(_relay_cpu_target(max(comparisons, key=lambda c: c["level"])))
+    return _failed_levels_miss(out)
+
+
+def _relay_cpu_target(c: dict[str, Any]) -> dict[str, Any]:
+    """Relay CPU per token (gateway + worker) at one level, against the data-plane target."""
+    cpu = c["cpu_us_per_token"]["stack"]
+    relay = None if cpu.get("gateway") is None or cpu.get("worker") is None else cpu["gateway"] + cpu["worker"]
+    return {
+        "level": c["level"],
+        "target": f"relay CPU per token (gateway + worker) <= {GPU_RELAY_US_PER_TOKEN:g} us",
+        "value": relay,
+        "unit": "us",
+        "result": "n/a" if relay is None else ("PASS" if relay <= GPU_RELAY_US_PER_TOKEN else "MISS"),
+        "all_requests_ok": c["all_ok"],
+    }
+
+
+def _failed_levels_miss(out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A level with any failed request (a refusal included) misses every target at that level."""
     for t in out:
         if t["result"] == "PASS" and not t["all_requests_ok"]:
             t["result"] = "MISS"
@@ -1236,22 +1243,8 @@ def evaluate_capacity_targets(comparisons: Sequence[dict[str, Any]]) -> list[dic
                     "all_requests_ok": c["all_ok"],
                 }
             )
-        relay = None if cpu.get("gateway") is None or cpu.get("worker") is None else cpu["gateway"] + cpu["worker"]
-        out.append(
-            {
-                "level": c["level"],
-                "target": f"relay CPU per token (gateway + worker) <= {GPU_RELAY_US_PER_TOKEN:g} us",
-                "value": relay,
-                "unit": "us",
-                "result": "n/a" if relay is None else ("PASS" if relay <= GPU_RELAY_US_PER_TOKEN else "MISS"),
-                "all_requests_ok": c["all_ok"],
-            }
-        )
-    for t in out:
-        if t["result"] == "PASS" and not t["all_requests_ok"]:
-            t["result"] = "MISS"
-            t["note"] = "requests failed (or were refused) at this level"
-    return out
+        out.append(_relay_cpu_target(c))
+    return _failed_levels_miss(out)
 
 
 def targets_for(workload: str, comparisons: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
