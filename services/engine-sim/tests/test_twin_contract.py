@@ -146,7 +146,10 @@ async def test_contract_heartbeat_carries_engine_load(stack: Stack, engine: Engi
 async def test_contract_under_load_through_the_stack(stack: Stack, engine: EngineUnderTest) -> None:
     """300 concurrent streams through a gateway and a worker onto the twin: every one completes
     with its exact usage while the twin batches them (continuous batching, not one at a time)."""
-    stack.worker(engine.engine, engine.pool, engine.url, max_concurrency=512)
+    # The production heartbeat (1 s; lost after 3 misses), not the test kit's 0.2 s: a burst of 300
+    # streams on two shared cores delays the worker's loop past 0.6 s, and the gateway would then
+    # route around a live worker (503 no live worker). This test is about the twin under load.
+    stack.worker(engine.engine, engine.pool, engine.url, max_concurrency=512, heartbeat_s=1.0)
     gw = stack.gateway()
     oai = openai.AsyncOpenAI(base_url=url(gw) + "/v1", api_key="sk-llmlab-dev", max_retries=0, timeout=60)
 
