@@ -76,7 +76,11 @@ def start(stack: Stack) -> tuple[list[str], BudgetAdmin, str]:
         # Heartbeats every second (3 s liveness): the burst saturates both cores for a moment.
         stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=512, heartbeat_s=1.0)
     budgets = [stack.budget(env={"LLMLAB_BUDGET_REDIS_POOL_SIZE": "64"}) for _ in range(2)]
-    gateways = [stack.gateway(auth="budget", queue_timeout_s=60) for _ in range(2)]
+    # A 10 s budget round trip, not the default 2 s: on a slow hour of these two shared cores the
+    # burst queued some reserves past 2 s (503 budget_unavailable, fail-closed). This test is about
+    # the budget's bounds; admission latency under a burst is the relay benchmark's (docs/benchmarks.md).
+    genv = {"LLMLAB_GATEWAY_BUDGET_TIMEOUT_S": "10"}
+    gateways = [stack.gateway(auth="budget", queue_timeout_s=60, env=genv) for _ in range(2)]
     return [url(g) for g in gateways], BudgetAdmin(url(budgets[0])), url(budgets[1])
 
 
@@ -117,7 +121,8 @@ def hammer(tmp: Path, gateways: list[str], key: str) -> list[dict]:
 def check_outcomes(records: list[dict], refusal_type: str) -> list[dict]:
     done = [r for r in records if r["status"] == 200]
     refused = [r for r in records if r["status"] == 429]
-    assert len(done) + len(refused) == STREAMS, {r["status"] for r in records}
+    others = {r["status"]: r.get("error") for r in records if r["status"] not in (200, 429)}
+    assert len(done) + len(refused) == STREAMS, others
     for r in refused:
         assert f'"type":"{refusal_type}"' in r["error"].replace(" ", ""), r["error"]
     for r in done:
