@@ -5,27 +5,31 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 from fastapi import FastAPI
 from llmlab_common.catalog import load_catalog
 from llmlab_common.metrics import Metrics
 from llmlab_common.runtime import ServiceState, ops_router, run_service
 
-from llmlab_worker.engine import OpenAIEngineAdapter
+from llmlab_worker.engine import EngineAdapter, OpenAIEngineAdapter
 from llmlab_worker.lifecycle import Worker
 from llmlab_worker.settings import WorkerSettings
 
-AdapterFactory = Callable[[WorkerSettings], OpenAIEngineAdapter]
+S = TypeVar("S", bound=WorkerSettings)
 
 
-def create_worker_app(settings: WorkerSettings, adapter_factory: AdapterFactory) -> FastAPI:
+def create_worker_app(settings: S, adapter_factory: Callable[[S], EngineAdapter]) -> FastAPI:
     metrics = Metrics("llmlab")
     state = ServiceState()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         catalog = load_catalog(settings.infra.catalog_path)
-        worker = Worker(settings, adapter_factory(settings), catalog, metrics)
+        adapter = adapter_factory(settings)
+        for collector in adapter.collectors():
+            metrics.registry.register(collector)
+        worker = Worker(settings, adapter, catalog, metrics)
         app.state.worker = worker
         state.checks["worker"] = worker.ready
         await worker.start()
@@ -40,13 +44,16 @@ def create_worker_app(settings: WorkerSettings, adapter_factory: AdapterFactory)
     return app
 
 
-def run_worker(adapter_cls: type[OpenAIEngineAdapter], service: str) -> None:
+def http_adapter(adapter_cls: type[OpenAIEngineAdapter]) -> Callable[[WorkerSettings], EngineAdapter]:
+    """The factory of an adapter that reaches its engine server at ``engine_url``."""
+    return lambda s: adapter_cls(s.engine_url, s.max_concurrency, s.engine_connect_timeout_s)
+
+
+def run_worker(adapter_factory: Callable[[S], EngineAdapter], service: str, settings_cls: type[S], engine: str) -> None:
     """Entry point shared by the engine workers: ``--help`` lists the settings; otherwise read them
     from the environment and serve until SIGTERM."""
 
-    def make_app(settings: WorkerSettings) -> FastAPI:
-        return create_worker_app(
-            settings, lambda s: adapter_cls(s.engine_url, s.max_concurrency, s.engine_connect_timeout_s)
-        )
+    def make_app(settings: S) -> FastAPI:
+        return create_worker_app(settings, adapter_factory)
 
-    run_service(service, WorkerSettings, make_app, description=f"A worker in front of {adapter_cls.engine} engine.")
+    run_service(service, settings_cls, make_app, description=f"A worker in front of a {engine} engine.")

@@ -248,6 +248,8 @@ async def _generate(
                 if ev.text or ev.tool_calls:
                     clock.token_times.append(ev.at)
                     coalescer.add(ev.text, ev.tool_calls, ev.at)
+                if ev.engine_queue_s is not None:
+                    clock.engine_queue_s = ev.engine_queue_s
                 if ev.finish_reason:
                     finish = ev.finish_reason
                 if ev.usage is not None:

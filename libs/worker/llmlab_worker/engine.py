@@ -1,8 +1,10 @@
-"""Engine adapters: drive an OpenAI-compatible engine server over HTTP.
+"""Engine adapters: what the worker lifecycle needs of an engine (:class:`EngineAdapter`), and the
+HTTP one that drives an OpenAI-compatible engine server.
 
 vLLM (``vllm serve`` / ``python -m vllm.entrypoints.openai.api_server``) and SGLang
 (``python -m sglang.launch_server``) both speak OpenAI's streaming API; what differs (metric
-names, health endpoint, extra request fields) is declared by a subclass.
+names, health endpoint, extra request fields) is declared by a subclass. worker-vllm also has an
+in-process adapter (vLLM's engine inside the worker process, no HTTP hop).
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import logging
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import aiohttp
 import orjson
 from llmlab_common.messages import EngineLoad, InferenceRequest, Usage
 from llmlab_common.metrics import parse_prometheus_text
+from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,32 @@ class EngineEvent:
     tool_calls: list[dict[str, Any]] | None = None
     finish_reason: str | None = None
     usage: Usage | None = None
+    # Time the request waited inside the engine before it was scheduled, where the engine tells
+    # per request (the in-process vLLM engine does; an OpenAI-compatible server does not).
+    engine_queue_s: float | None = None
+
+
+class EngineAdapter(Protocol):
+    """What the worker lifecycle calls on an engine, whichever way it is reached."""
+
+    engine: ClassVar[str]
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def healthy(self) -> bool: ...
+
+    async def load(self) -> EngineLoad: ...
+
+    def stream(self, req: InferenceRequest) -> AsyncGenerator[EngineEvent, None]:
+        """The request's chunks as they come; closing the iterator aborts it in the engine.
+        Raises :class:`EngineRequestError` when the engine refuses or fails it."""
+        ...
+
+    def collectors(self) -> list[Collector]:
+        """Prometheus collectors the worker's /metrics adds (the engine's own, when in-process)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -95,6 +124,9 @@ class OpenAIEngineAdapter:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    def collectors(self) -> list[Collector]:
+        return []  # the engine server has its own /metrics
 
     @property
     def session(self) -> aiohttp.ClientSession:

@@ -33,7 +33,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
 
 from llmlab_worker.attempt import AttemptContext, AttemptResult, run_attempt
-from llmlab_worker.engine import OpenAIEngineAdapter
+from llmlab_worker.engine import EngineAdapter
 from llmlab_worker.outbox import Outbox
 from llmlab_worker.pull import Capacity, PullFeeder
 from llmlab_worker.settings import WorkerSettings
@@ -72,9 +72,7 @@ class _Running:
 
 
 class Worker:
-    def __init__(
-        self, settings: WorkerSettings, adapter: OpenAIEngineAdapter, catalog: Catalog, metrics: Metrics
-    ) -> None:
+    def __init__(self, settings: WorkerSettings, adapter: EngineAdapter, catalog: Catalog, metrics: Metrics) -> None:
         self.settings = settings
         self.adapter = adapter
         self.catalog = catalog

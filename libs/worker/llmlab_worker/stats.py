@@ -14,8 +14,10 @@ class AttemptClock:
     taken_at: float  # monotonic, when the worker took the message
     engine_start: float | None = None  # monotonic, engine call sent
     token_times: list[float] = field(default_factory=list)  # monotonic arrival of each content chunk
+    engine_queue_s: float | None = None  # inside the engine before scheduling, where it tells
 
-    def timings(self, completion_tokens: int, ended_at: float, engine_queue_s: float | None = None) -> Timings:
+    def timings(self, completion_tokens: int, ended_at: float) -> Timings:
+        engine_queue_s = self.engine_queue_s
         ttft = decode = tpot = p50 = p95 = p99 = None
         if self.engine_start is not None and self.token_times:
             first, last = self.token_times[0], self.token_times[-1]

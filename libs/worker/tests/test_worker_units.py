@@ -23,9 +23,13 @@ def test_quantile_matches_linear_interpolation() -> None:
 
 def test_timings_follow_the_vllm_benchmark_convention() -> None:
     clock = AttemptClock(
-        nats_queue_s=0.002, taken_at=100.0, engine_start=100.0, token_times=[100.2, 100.25, 100.30, 100.40]
+        nats_queue_s=0.002,
+        taken_at=100.0,
+        engine_start=100.0,
+        token_times=[100.2, 100.25, 100.30, 100.40],
+        engine_queue_s=0.05,
     )
-    t = clock.timings(completion_tokens=4, ended_at=100.5, engine_queue_s=0.05)
+    t = clock.timings(completion_tokens=4, ended_at=100.5)
     assert t.ttft_s == pytest.approx(0.2)
     assert t.prefill_s == pytest.approx(0.15)
     assert t.decode_s == pytest.approx(0.2)
