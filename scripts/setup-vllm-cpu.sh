@@ -35,6 +35,16 @@ else
   log "engine venv ready ($VENV)"
 fi
 
+# worker-vllm's in-process mode (LLMLAB_WORKER_ENGINE_MODE=inproc) runs the worker in this venv,
+# with the repository's packages on PYTHONPATH: add what they import that vLLM does not bring.
+worker_marker="$VENV/.llmlab-worker-deps-1"
+if [[ ! -f "$worker_marker" ]]; then
+  log "adding the worker's dependencies to the engine venv (in-process mode)"
+  "$VENV/bin/pip" install -q "nats-py>=2.9" "orjson>=3.10" "pyyaml>=6"
+  "$VENV/bin/python" -c "import nats, orjson, yaml, aiohttp, fastapi, uvicorn, prometheus_client, pydantic_settings"
+  touch "$worker_marker"
+fi
+
 if [[ ! -f "$MODEL_DIR/.llmlab-ready" ]]; then
   log "converting SmolLM2-135M-Instruct GGUF -> HF directory at $MODEL_DIR (~25 s)"
   rm -rf "$MODEL_DIR"

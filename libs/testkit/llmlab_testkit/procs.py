@@ -151,10 +151,11 @@ class Stack:
         ready_path: str,
         wait: bool,
         timeout: float = 30.0,
+        python: str | None = None,
     ) -> ManagedProcess:
         p = ManagedProcess(
             name,
-            [self.python, "-m", module, *args],
+            [python or self.python, "-m", module, *args],
             {**self.base_env(), **env},
             ready_url=f"http://127.0.0.1:{port}{ready_path}",
         )
@@ -207,7 +208,10 @@ class Stack:
         worker_id: str | None = None,
         wait: bool = True,
         env: dict[str, str] | None = None,
+        python: str | None = None,
+        ready_timeout: float = 30.0,
     ) -> ManagedProcess:
+        """``python``: another interpreter (worker-vllm's in-process mode runs in vLLM's venv)."""
         port = free_port()
         wenv = {
             "LLMLAB_WORKER_PORT": str(port),
@@ -220,7 +224,17 @@ class Stack:
             **({"LLMLAB_WORKER_WORKER_ID": worker_id} if worker_id else {}),
             **(env or {}),
         }
-        return self._launch(f"worker-{engine}-{pool}", f"llmlab_worker_{engine}", wenv, [], port, "/ready", wait)
+        return self._launch(
+            f"worker-{engine}-{pool}",
+            f"llmlab_worker_{engine}",
+            wenv,
+            [],
+            port,
+            "/ready",
+            wait,
+            timeout=ready_timeout,
+            python=python,
+        )
 
     @property
     def workdir(self) -> Path:

