@@ -11,7 +11,7 @@ TEST_MARKERS ?= not gpu
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-vllm infra test mutants test-unit test-e2e lint format up down status demo bench report costmodel router-eval \
+.PHONY: help install install-vllm infra test mutants test-unit test-e2e lint format up down status demo bench bench-engine-modes report costmodel router-eval \
         experiments experiments-quick gpu-smoke \
         compose-up compose-down clean
 
@@ -78,6 +78,9 @@ bench: install infra ## benchmarks -> results/: relay (stack vs simulator; defau
 	$(PY) -m llmlab_loadtest.budget_bench
 	$(PY) -m llmlab_loadtest.router_bench
 	$(PY) -m llmlab_loadtest.accounting_bench
+
+bench-engine-modes: install install-vllm infra ## worker-vllm on real vLLM (CPU): HTTP server vs in-process engine, CPU per token -> results/engine-modes-*
+	$(PY) -m llmlab_loadtest.engine_mode_bench
 
 report: install ## accounting reports: reports/sql/*.sql -> reports/out/ tables + PNG plots (via the service on :8086, else its chdb dir)
 	$(PY) -m llmlab_accounting.report
