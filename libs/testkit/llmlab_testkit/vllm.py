@@ -67,7 +67,10 @@ def inproc_worker(stack: Stack, pool: str, *, heartbeat_s: float = 0.2, max_conc
         "LLMLAB_WORKER_ENGINE_MODEL": str(MODEL_DIR),
         "LLMLAB_WORKER_ENGINE_SERVED_NAME": SERVED_NAME,
         "LLMLAB_WORKER_ENGINE_ARGS": json.dumps(ENGINE_ARGS),
-        "PYTHONPATH": os.pathsep.join(str(REPO / r) for r in WORKER_SOURCE_ROOTS),
+        # An inherited PYTHONPATH goes first: the mutation runner puts its broken copy there.
+        "PYTHONPATH": os.pathsep.join(
+            [*filter(None, [os.environ.get("PYTHONPATH")]), *(str(REPO / r) for r in WORKER_SOURCE_ROOTS)]
+        ),
     }
     return stack.worker(
         "vllm",
