@@ -172,6 +172,15 @@ StreamMessage = Annotated[StreamStarted | TokenChunk | StreamEnd | StreamError, 
 STREAM_MESSAGE: TypeAdapter[StreamStarted | TokenChunk | StreamEnd | StreamError] = TypeAdapter(StreamMessage)
 
 
+def join_batch(payloads: list[bytes]) -> bytes:
+    """Several stream messages (JSON, which never holds a raw newline) as one batch payload."""
+    return b"\n".join(payloads)
+
+
+def split_batch(data: bytes) -> list[bytes]:
+    return [line for line in data.split(b"\n") if line]
+
+
 # -- control ----------------------------------------------------------------------------------
 
 

@@ -8,6 +8,9 @@ Layout (``<ns>`` is :attr:`InfraSettings.namespace`):
   The two filters never overlap, as a work-queue stream requires.
 * ``<ns>.tok.<gateway_id>.<request_id>`` core NATS: tokens back to the gateway that owns the request
   (one wildcard subscription per gateway instance).
+* ``<ns>.tok.<gateway_id>._batch``   core NATS: several requests' stream messages to that gateway in
+  one message, newline-separated (:func:`llmlab_common.messages.join_batch`); each carries its own
+  ``request_id``. A worker sends one when it has more than one message for that gateway at once.
 * ``<ns>.ctl.cancel``                 core NATS broadcast: stop an attempt wherever it is.
 * ``<ns>.ctl.alive.<gateway_id>``     request/reply: "is this attempt still wanted?" (redeliveries).
 * ``<ns>.hb.<pool>.<worker_id>``      core NATS worker heartbeats with engine load.
@@ -28,6 +31,7 @@ import re
 from dataclasses import dataclass
 
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+TOKEN_BATCH = "_batch"  # the last token of a batch subject; never a request id
 
 
 def check_token(value: str, what: str) -> str:
@@ -75,7 +79,23 @@ class Topology:
 
     # -- tokens back, control ------------------------------------------------------------------
     def token_subject(self, gateway_id: str, request_id: str) -> str:
+        if request_id == TOKEN_BATCH:
+            raise ValueError(f"request id {request_id!r} is reserved for batches")
         return f"{self.namespace}.tok.{check_token(gateway_id, 'gateway id')}.{check_token(request_id, 'request id')}"
+
+    def token_batch_subject(self, gateway_id: str) -> str:
+        return f"{self.namespace}.tok.{check_token(gateway_id, 'gateway id')}.{TOKEN_BATCH}"
+
+    def batch_subject_for(self, reply_subject: str) -> str | None:
+        """The batch subject of the gateway a reply subject belongs to; None when the subject is
+        not a token subject of this namespace (then it is published on its own)."""
+        prefix = f"{self.namespace}.tok."
+        if not reply_subject.startswith(prefix):
+            return None
+        gateway, dot, request = reply_subject[len(prefix) :].partition(".")
+        if not dot or not gateway or not request or "." in request:
+            return None
+        return f"{prefix}{gateway}.{TOKEN_BATCH}"
 
     def token_wildcard(self, gateway_id: str) -> str:
         return f"{self.namespace}.tok.{check_token(gateway_id, 'gateway id')}.*"

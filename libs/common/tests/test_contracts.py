@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 from llmlab_common.errors import InvalidRequest, RateLimited, ServiceUnavailable, error_from_info
-from llmlab_common.messages import STREAM_MESSAGE, StreamEnd, Timings, TokenChunk, Usage
+from llmlab_common.messages import STREAM_MESSAGE, StreamEnd, Timings, TokenChunk, Usage, join_batch, split_batch
 from llmlab_common.metrics import Metrics, parse_prometheus_text
 from llmlab_common.subjects import Topology, attempt_msg_id
 
@@ -21,6 +21,23 @@ def test_subjects_are_namespaced_and_pool_filters_never_overlap() -> None:
         t.pool_subject("bad.pool")
     with pytest.raises(ValueError):
         t.token_subject("gw", "id>")
+
+
+def test_token_batches_have_their_own_subject_per_gateway() -> None:
+    t = Topology("abc")
+    assert t.batch_subject_for(t.token_subject("gw1", "r1")) == t.token_batch_subject("gw1") == "abc.tok.gw1._batch"
+    assert t.batch_subject_for("abc.tok.gw1") is None  # no request part
+    assert t.batch_subject_for("abc.tok.gw1.r1.x") is None
+    assert t.batch_subject_for("other.tok.gw1.r1") is None  # another namespace
+    assert t.batch_subject_for("abc.ctl.cancel") is None
+    with pytest.raises(ValueError, match="reserved"):
+        t.token_subject("gw1", "_batch")
+
+
+def test_a_batch_splits_back_into_its_messages_in_order() -> None:
+    msgs = [TokenChunk(request_id=r, attempt=1, seq=i, text="a\nb", token_times=[0.1]) for i, r in enumerate("xyx")]
+    lines = split_batch(join_batch([m.model_dump_json().encode() for m in msgs]))
+    assert [STREAM_MESSAGE.validate_json(line) for line in lines] == msgs  # a newline in text stays escaped
 
 
 def test_retry_attempts_get_distinct_dedup_ids() -> None:

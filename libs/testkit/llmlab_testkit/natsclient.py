@@ -17,6 +17,7 @@ from llmlab_common.messages import (
     StreamError,
     StreamStarted,
     TokenChunk,
+    split_batch,
 )
 from llmlab_common.natsio import connect, ensure_streams
 from llmlab_common.subjects import Topology, attempt_msg_id
@@ -39,7 +40,14 @@ class WorkerClient:
         self.nc = await connect(self.nats_url, "test-client")
         await ensure_streams(self.nc.jetstream(), self.topo)
 
+        batch_subject = self.topo.token_batch_subject(self.gateway_id)
+
         async def on_tok(msg: Msg) -> None:
+            if msg.subject == batch_subject:
+                for line in split_batch(msg.data):
+                    m = STREAM_MESSAGE.validate_json(line)
+                    self.replies.setdefault(m.request_id, asyncio.Queue()).put_nowait(m)
+                return
             rid = msg.subject.rsplit(".", 1)[-1]
             self.replies.setdefault(rid, asyncio.Queue()).put_nowait(STREAM_MESSAGE.validate_json(msg.data))
 

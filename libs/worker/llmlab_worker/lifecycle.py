@@ -91,7 +91,9 @@ class Worker:
         self._feeders: list[PullFeeder] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._engine_failures = 0
-        self._outbox = Outbox(settings.publish_batch_ms / 1000.0)
+        self._outbox = Outbox(
+            settings.publish_batch_ms / 1000.0, self.topo.batch_subject_for if settings.gateway_batches else None
+        )
         self._load = EngineLoad()
         self.instance_id = secrets.token_hex(6)  # this process's life under worker_id
         self._attempt_ctx = AttemptContext(

@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Callable
 
+from llmlab_common.messages import join_batch
 from nats.aio.client import Client as NATS
 
 log = logging.getLogger(__name__)
@@ -19,10 +21,21 @@ class Outbox:
 
     Each drain ends in one socket write (nats-py's flusher runs once the drain yields). Under load
     drains are spaced at least ``window_s`` apart, so many streams' messages share a write; a
-    message after a quiet spell leaves at once (no added latency at low rates)."""
+    message after a quiet spell leaves at once (no added latency at low rates).
 
-    def __init__(self, window_s: float = 0.0) -> None:
+    With ``batch_subject`` (reply subject -> its gateway's batch subject, or None), the messages of
+    one drain bound for the same gateway leave as one NATS message (up to ``max_batch_bytes``), in
+    their order: one publish and one delivery per gateway instead of one per token message."""
+
+    def __init__(
+        self,
+        window_s: float = 0.0,
+        batch_subject: Callable[[str], str | None] | None = None,
+        max_batch_bytes: int = 256 * 1024,
+    ) -> None:
         self.window_s = window_s
+        self.batch_subject = batch_subject
+        self.max_batch_bytes = max_batch_bytes
         self._q: deque[tuple[str, bytes]] = deque()
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -44,12 +57,47 @@ class Outbox:
                 await asyncio.sleep(wait)
             self._last_drain = loop.time()
             while self._q:
-                subject, payload = self._q.popleft()
-                try:
-                    await nc.publish(subject, payload)
-                except Exception:
-                    log.exception("publish to %s failed", subject)
+                if self.batch_subject is None:
+                    await self._publish(nc, *self._q.popleft())
+                    continue
+                for subject, payload in self.drain():
+                    await self._publish(nc, subject, payload)
             self._idle.set()
+
+    def drain(self) -> list[tuple[str, bytes]]:
+        """Everything queued, as the publishes to make: a gateway's messages joined into batches
+        (a lone message keeps its own subject), others as they are, each gateway's in order."""
+        assert self.batch_subject is not None
+        groups: dict[str, list[tuple[str, bytes]]] = {}
+        out: list[tuple[str, bytes]] = []
+        while self._q:
+            subject, payload = self._q.popleft()
+            key = self.batch_subject(subject)
+            if key is None:
+                out.append((subject, payload))
+            else:
+                groups.setdefault(key, []).append((subject, payload))
+        for key, msgs in groups.items():
+            if len(msgs) == 1:
+                out.append(msgs[0])
+                continue
+            part: list[bytes] = []
+            size = 0
+            for _, payload in msgs:
+                if part and size + len(payload) + 1 > self.max_batch_bytes:
+                    out.append((key, join_batch(part)))
+                    part, size = [], 0
+                part.append(payload)
+                size += len(payload) + 1
+            out.append((key, join_batch(part)) if len(part) > 1 else (msgs[-1][0], part[0]))
+        return out
+
+    @staticmethod
+    async def _publish(nc: NATS, subject: str, payload: bytes) -> None:
+        try:
+            await nc.publish(subject, payload)
+        except Exception:
+            log.exception("publish to %s failed", subject)
 
     async def flushed(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):

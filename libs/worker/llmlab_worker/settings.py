@@ -42,6 +42,8 @@ class WorkerSettings(ScalableSettings):
     # Publishes are written to NATS at most once per this window under load (one write carries
     # many streams' messages); a publish after a quiet spell goes at once.
     publish_batch_ms: float = Field(default=2.0, ge=0)
+    # Messages of one drain bound for the same gateway leave as one NATS message (a batch).
+    gateway_batches: bool = True
     engine_connect_timeout_s: float = 5.0
     engine_fail_threshold: int = Field(default=3, ge=1)  # failed health checks before unready
     alive_probe_timeout_s: float = 1.0

@@ -28,6 +28,8 @@ from llmlab_common.messages import (
     StreamEnd,
     StreamError,
     StreamStarted,
+    TokenChunk,
+    split_batch,
 )
 from llmlab_common.metrics import Metrics
 from llmlab_common.subjects import Topology, attempt_event_msg_id, attempt_msg_id, request_event_msg_id
@@ -103,6 +105,7 @@ class NatsDispatcher:
             "gateway_stale_messages_total", "Token messages dropped: unknown request or an old attempt"
         )
         self.workers_gauge = metrics.gauge("gateway_live_workers", "Ready workers seen by heartbeat", ("pool",))
+        self._batch_subject = topo.token_batch_subject(gateway_id)
 
     async def start(self) -> None:
         await self.nc.subscribe(self.topo.token_wildcard(self.gateway_id), cb=self._on_token)
@@ -190,6 +193,19 @@ class NatsDispatcher:
             log.exception("could not publish event", extra={"request_id": event.request_id})
 
     async def _on_token(self, msg: Msg) -> None:
+        if msg.subject == self._batch_subject:
+            for line in split_batch(msg.data):
+                try:
+                    m = STREAM_MESSAGE.validate_json(line)
+                except ValidationError:
+                    log.error("malformed message in a token batch dropped")
+                    continue
+                inf = self.inflight.get(m.request_id)
+                if inf is None:
+                    self.stale.inc()
+                    continue
+                self._deliver(inf, m)
+            return
         request_id = msg.subject.rsplit(".", 1)[-1]
         inf = self.inflight.get(request_id)
         if inf is None:
@@ -200,6 +216,10 @@ class NatsDispatcher:
         except ValidationError:
             log.error("malformed token message dropped", extra={"request_id": request_id})
             return
+        self._deliver(inf, m)
+
+    def _deliver(self, inf: _Inflight, m: StreamStarted | TokenChunk | StreamEnd | StreamError) -> None:
+        """Fence (attempt), order (sequence) and queue one stream message for its request."""
         if m.attempt != inf.attempt:
             self.stale.inc()  # a stale attempt never writes into the client's stream
             return

@@ -1,0 +1,86 @@
+"""Token batches in the gateway's dispatcher: each line fenced and ordered as a lone message is
+(pure: the NATS client is not used on this path)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pytest
+from llmlab_common.messages import StreamStarted, TokenChunk, join_batch
+from llmlab_common.metrics import Metrics
+from llmlab_common.subjects import Topology
+from llmlab_gateway.dispatch import NatsDispatcher, _Inflight
+from llmlab_gateway.service import StreamGap
+from llmlab_routing.state import LiveState
+
+pytestmark = pytest.mark.unit
+
+T = Topology("ns")
+
+
+@dataclass
+class FakeMsg:
+    subject: str
+    data: bytes
+
+
+def _dispatcher() -> NatsDispatcher:
+    return NatsDispatcher(
+        cast(Any, None),
+        cast(Any, None),
+        T,
+        "gw1",
+        LiveState(),
+        Metrics("llmlab"),
+        discovery_grace_s=0,
+        sweep_interval_s=1,
+    )
+
+
+def _started(rid: str, attempt: int) -> bytes:
+    return (
+        StreamStarted(request_id=rid, attempt=attempt, seq=0, worker_id="w", engine="vllm", nats_queue_s=0.0)
+        .model_dump_json()
+        .encode()
+    )
+
+
+def _chunk(rid: str, attempt: int, seq: int, text: str) -> bytes:
+    return TokenChunk(request_id=rid, attempt=attempt, seq=seq, text=text, token_times=[0.1]).model_dump_json().encode()
+
+
+async def test_a_batch_feeds_each_request_in_order_and_drops_what_a_lone_message_would() -> None:
+    d = _dispatcher()
+    r1, r2 = _Inflight(attempt=1), _Inflight(attempt=2)
+    d.inflight.update({"r1": r1, "r2": r2})
+    batch = join_batch(
+        [
+            _started("r1", 1),
+            _chunk("r2", 1, 0, "stale attempt"),
+            _started("r2", 2),
+            _chunk("r1", 1, 1, "a"),
+            _chunk("r9", 1, 0, "unknown request"),
+            b"{not json",
+            _chunk("r2", 2, 1, "b"),
+            _chunk("r1", 1, 3, "after a gap"),
+        ]
+    )
+    await d._on_token(cast(Any, FakeMsg(T.token_batch_subject("gw1"), batch)))
+    got1 = [r1.queue.get_nowait() for _ in range(r1.queue.qsize())]
+    got2 = [r2.queue.get_nowait() for _ in range(r2.queue.qsize())]
+    assert [type(m).__name__ for m in got1] == ["StreamStarted", "TokenChunk", "StreamGap"]
+    assert isinstance(got1[1], TokenChunk) and got1[1].text == "a"
+    assert got1[2] == StreamGap(1, 2, 3)
+    assert [type(m).__name__ for m in got2] == ["StreamStarted", "TokenChunk"]
+    assert isinstance(got2[1], TokenChunk) and got2[1].text == "b"
+    assert r1.worker_id == "w" and r2.worker_id == "w"
+    assert d.stale._value.get() == 2  # type: ignore[attr-defined]  # the stale attempt and the unknown request
+
+
+async def test_a_lone_message_on_its_request_subject_still_works() -> None:
+    d = _dispatcher()
+    r1 = _Inflight(attempt=1)
+    d.inflight["r1"] = r1
+    await d._on_token(cast(Any, FakeMsg(T.token_subject("gw1", "r1"), _started("r1", 1))))
+    assert isinstance(r1.queue.get_nowait(), StreamStarted)
