@@ -12,6 +12,7 @@ import httpx
 import psutil
 import pytest
 from llmlab_testkit.e2e import LLAMA, client, eventually, metric
+from llmlab_testkit.fixtures import DEV_KEY
 from llmlab_testkit.procs import Stack, url
 
 pytestmark = pytest.mark.e2e
@@ -45,7 +46,7 @@ def _requests_total(ops_url: str) -> float:
 async def test_gateway_processes_share_its_port_and_stop_together(stack: Stack) -> None:
     """Catches: copies that are not started, that cannot bind the shared port (no SO_REUSEPORT),
     that never receive a connection, or that outlive their first process on SIGTERM."""
-    sim = stack.sim("vllm", LLAMA)
+    sim = stack.sim("vllm", LLAMA, itl_ms=100, output_len=40)
     stack.worker("vllm", "gpu-vllm", url(sim), heartbeat_s=0.2)
     ops = _two_free_ports()
     gw = stack.gateway(
@@ -66,12 +67,43 @@ async def test_gateway_processes_share_its_port_and_stop_together(stack: Stack) 
     assert sum(per_process) == n, per_process
     assert min(per_process) > 0, f"one process took every connection: {per_process}"
 
+    # A 4 s stream held by the copy: the copy drains for seconds, and the first process must not
+    # exit before it (uvicorn re-raises the SIGTERM once it stops serving, ending the process).
+    held: list[asyncio.Task[int]] = []
+    for _ in range(30):
+        held.append(asyncio.create_task(_hold_stream(url(gw))))
+        await asyncio.sleep(0.3)
+        if _in_flight(ops_urls[1]) >= 1:
+            break
+    assert _in_flight(ops_urls[1]) >= 1, "no stream reached the copy"
+
     # SIGTERM to the first process only (not its process group): it drains and stops its copies.
     assert gw.proc is not None
     gw.stopped = True
     gw.proc.send_signal(signal.SIGTERM)
     gw.proc.wait(20)
     assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in copies)
+    assert all(n >= 40 for n in await asyncio.gather(*held))  # every in-flight stream was finished
+
+
+def _in_flight(ops_url: str) -> float:
+    text = httpx.get(ops_url + "/metrics", timeout=5).text
+    return sum(float(ln.rsplit(" ", 1)[-1]) for ln in text.splitlines() if ln.startswith("llmlab_gateway_in_flight"))
+
+
+async def _hold_stream(gateway_url: str) -> int:
+    """A streamed request on a connection of its own; returns the content chunks received."""
+    body = {"model": LLAMA, "messages": HELLO, "max_tokens": 40, "stream": True}
+    n = 0
+    async with (
+        httpx.AsyncClient(timeout=30) as h,
+        h.stream(
+            "POST", gateway_url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {DEV_KEY}"}
+        ) as r,
+    ):
+        async for line in r.aiter_lines():
+            n += line.startswith("data: {") and '"content":"' in line and '"content":""' not in line
+    return n
 
 
 def _ready(u: str) -> bool:

@@ -77,16 +77,23 @@ async def cancel_and_wait(task: asyncio.Task[None]) -> None:
 
 
 class _DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: ServiceState, on_exit: Callable[[], None] | None = None) -> None:
+    def __init__(self, config: uvicorn.Config, state: ServiceState, copies: Copies | None = None) -> None:
         super().__init__(config)
         self._state = state
-        self._on_exit = on_exit
+        self._copies = copies
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        if self._copies is not None:
+            # Here, not after run(): uvicorn re-raises the SIGTERM it caught once run() returns,
+            # which ends this process before any later code; the copies must be gone first.
+            await asyncio.to_thread(self._copies.stop)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self._state.draining:
             log.info("signal %s: draining (not ready, finishing in-flight work)", sig)
-            if self._on_exit is not None:
-                self._on_exit()  # the copies drain at the same time
+            if self._copies is not None:
+                self._copies.signal_drain()  # the copies drain at the same time
         self._state.draining = True
         super().handle_exit(sig, frame)
 
@@ -163,7 +170,7 @@ def serve(app: FastAPI, settings: ServiceSettings, service: str, copies: Copies 
         timeout_keep_alive=30,
         backlog=4096,
     )
-    server = _DrainingServer(config, state, copies.signal_drain if copies is not None else None)
+    server = _DrainingServer(config, state, copies)
     sockets: list[socket.socket] | None = None
     if isinstance(settings, ScalableSettings) and (settings.reuse_port or settings.processes > 1):
         sockets = [_listen(settings.host, settings.port, reuse_port=True)]
