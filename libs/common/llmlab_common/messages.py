@@ -91,6 +91,10 @@ class InferenceRequest(_RequestMsg):
     start_deadline: float  # a worker that takes it later discards it (nobody waits any more)
     deadline: float  # generation stops at this time even if running
     route: RouteInfo | None = None
+    # The gateway's admission steps for this request (the same on every attempt), copied by the
+    # worker into the attempt's Timings so that one row explains where the time went.
+    auth_s: float | None = None  # authenticate + reserve (budget round trip)
+    route_s: float | None = None  # the router's decision (round trip, or in-process)
 
 
 # -- token stream back to the gateway (core NATS, per request) -------------------------------
@@ -109,7 +113,7 @@ class Timings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     nats_queue_s: float  # dispatch → worker took it
-    engine_queue_s: float | None = None  # inside the engine before scheduling (not exposed per request by vLLM)
+    engine_queue_s: float | None = None  # inside the engine before scheduling (see engine_queue_method)
     ttft_s: float | None = None  # engine call → first token (engine queue + prefill)
     prefill_s: float | None = None  # ttft - engine queue, when the latter is known
     decode_s: float | None = None  # first token → last token
@@ -118,6 +122,13 @@ class Timings(BaseModel):
     itl_p95_s: float | None = None
     itl_p99_s: float | None = None
     tpot_s: float | None = None  # (e2e_engine - ttft) / (completion_tokens - 1)
+    auth_s: float | None = None  # gateway: authenticate + reserve
+    route_s: float | None = None  # gateway: routing decision
+    dispatch_offset_s: float | None = None  # gateway accepted → this attempt published (admission, earlier attempts)
+    # How engine_queue_s was obtained: "engine" (reported for this request by the engine),
+    # "window_mean" (the engine's mean queue time over the last heartbeat window: an estimate,
+    # for engines that do not report it per request), None when unknown.
+    engine_queue_method: Literal["engine", "window_mean"] | None = None
 
 
 class ErrorInfo(BaseModel):
@@ -210,6 +221,8 @@ class EngineLoad(BaseModel):
     kv_cache_usage: float | None = None  # 0..1
     prefix_cache_hit_rate: float | None = None  # 0..1
     mean_queue_time_s: float | None = None  # windowed, from the engine's queue-time histogram
+    preemptions_total: float | None = None  # the engine's own cumulative counter (resets when it restarts)
+    batch_size: float | None = None  # windowed mean tokens per engine step where exposed, else running
 
 
 # A worker silent for this many of its heartbeat intervals is gone (gateway and router alike).

@@ -77,6 +77,18 @@ class Topology:
     def worker_consumer(worker_id: str) -> str:
         return f"worker-{check_token(worker_id, 'worker id')}"
 
+    def request_subject_pool(self, subject: str) -> str | None:
+        """The pool of a request subject of this namespace (:meth:`pool_subject` or
+        :meth:`worker_subject`, as a consumer's filter names it); None for any other subject."""
+        prefix = f"{self.namespace}.req."
+        if not subject.startswith(prefix):
+            return None
+        parts = subject[len(prefix) :].split(".")
+        if (parts[0], len(parts)) in (("pool", 2), ("worker", 3)):
+            pool = parts[1]
+            return pool if _TOKEN_RE.match(pool) else None
+        return None
+
     # -- tokens back, control ------------------------------------------------------------------
     def token_subject(self, gateway_id: str, request_id: str) -> str:
         if request_id == TOKEN_BATCH:

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 from llmlab_common.codes import Code
@@ -109,6 +109,8 @@ class AttemptResult:
     timings: Timings | None  # None when it never started
     nats_queue_s: float
     token_messages: int
+    # Monotonic arrival of each content chunk (the worker's ITL histogram observes every gap).
+    token_times: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,8 @@ class AttemptContext:
     coalesce_s: float
     publish: Publish
     stream: Callable[[InferenceRequest], AsyncIterator[EngineEvent]]
+    # The engine's windowed mean queue time, for engines that do not report it per request.
+    engine_queue_estimate: Callable[[], float | None] | None = None
 
 
 async def run_attempt(
@@ -136,7 +140,13 @@ async def run_attempt(
     """Run one attempt to its end. Never raises for the attempt's own failures, nor when the task
     running it is cancelled (a cancel is an outcome): each ends in one result, after the terminal
     message (StreamEnd or StreamError) when the stream had started."""
-    clock = AttemptClock(nats_queue_s=max(0.0, taken_wall - req.dispatched_at), taken_at=taken_at)
+    clock = AttemptClock(
+        nats_queue_s=max(0.0, taken_wall - req.dispatched_at),
+        taken_at=taken_at,
+        auth_s=req.auth_s,
+        route_s=req.route_s,
+        dispatch_offset_s=max(0.0, req.dispatched_at - req.created_at),
+    )
     outcome: AttemptOutcome = "completed"
     usage: Usage | None = None
     finish: FinishReason | None = None
@@ -231,6 +241,7 @@ async def run_attempt(
         timings=timings if started else None,
         nats_queue_s=clock.nats_queue_s,
         token_messages=coalescer.sent,
+        token_times=clock.token_times,
     )
 
 
@@ -249,7 +260,7 @@ async def _generate(
                     clock.token_times.append(ev.at)
                     coalescer.add(ev.text, ev.tool_calls, ev.at)
                 if ev.engine_queue_s is not None:
-                    clock.engine_queue_s = ev.engine_queue_s
+                    clock.engine_queue_s, clock.engine_queue_method = ev.engine_queue_s, "engine"
                 if ev.finish_reason:
                     finish = ev.finish_reason
                 if ev.usage is not None:
@@ -258,6 +269,12 @@ async def _generate(
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
+    if clock.engine_queue_s is None and ctx.engine_queue_estimate is not None:
+        # The engine does not say how long this request queued inside it (vLLM's and SGLang's
+        # OpenAI servers do not): take its mean queue time over the last heartbeat window.
+        estimate = ctx.engine_queue_estimate()
+        if estimate is not None:
+            clock.engine_queue_s, clock.engine_queue_method = estimate, "window_mean"
     if usage is None:
         # Engines send usage last when asked (stream_options.include_usage); count what we saw.
         usage = Usage(completion_tokens=len(clock.token_times), total_tokens=len(clock.token_times))

@@ -81,6 +81,11 @@ class MetricNames:
     prefix_hits: str | None = None  # counter pair (vLLM) ...
     prefix_queries: str | None = None
     prefix_hit_rate: str | None = None  # ... or a ready gauge (SGLang)
+    preemptions: str | None = None  # the engine's cumulative preemption counter, where it has one
+    # Tokens per engine step, a histogram (vLLM's iteration_tokens_total): the batch size is its
+    # mean over the window; without it (or without a previous read) the running requests.
+    batch_tokens_sum: str | None = None
+    batch_tokens_count: str | None = None
 
 
 @dataclass
@@ -162,12 +167,22 @@ class OpenAIEngineAdapter:
                 hit_rate = hits / queries
         q_sum = self._window.delta(values, names.queue_time_sum)
         q_count = self._window.delta(values, names.queue_time_count)
+        running = values.get(names.running)
+        batch = running
+        b_sum = self._window.delta(values, names.batch_tokens_sum)
+        b_count = self._window.delta(values, names.batch_tokens_count)
+        if b_sum is not None and b_count is not None:
+            batch = b_sum / b_count if b_count else 0.0  # no engine step in the window: no batch
+        elif names.batch_tokens_count is not None and names.batch_tokens_count in values:
+            batch = None  # the first read of the histogram: no window yet
         return EngineLoad(
-            running=values.get(names.running),
+            running=running,
             waiting=values.get(names.waiting),
             kv_cache_usage=values.get(names.kv_cache_usage),
             prefix_cache_hit_rate=hit_rate,
             mean_queue_time_s=(q_sum / q_count) if q_sum is not None and q_count else None,
+            preemptions_total=values.get(names.preemptions) if names.preemptions is not None else None,
+            batch_size=batch,
         )
 
     # -- generation ---------------------------------------------------------------------------

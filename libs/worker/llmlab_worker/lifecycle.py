@@ -9,6 +9,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,14 +23,16 @@ from llmlab_common.messages import (
     EngineLoad,
     Heartbeat,
     InferenceRequest,
+    Timings,
 )
-from llmlab_common.metrics import TOKEN_BUCKETS, Metrics
+from llmlab_common.metrics import ITL_BUCKETS, LATENCY_BUCKETS, TOKEN_BUCKETS, Metrics
 from llmlab_common.natsio import connect, ensure_streams
 from llmlab_common.subjects import Topology, attempt_event_msg_id
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from pydantic import ValidationError
 
 from llmlab_worker.attempt import AttemptContext, AttemptResult, run_attempt
@@ -43,23 +46,124 @@ log = logging.getLogger(__name__)
 CANCEL_MEMORY_S = 600.0  # remember cancels of not-yet-pulled attempts this long
 
 
+class EngineLoadCollector:
+    """The engine's own figures as the worker last read them for its heartbeat, labelled pool and
+    engine: gauges (running, waiting, KV-cache usage, prefix-cache hit ratio, batch size), absent
+    while unknown, and ``<ns>_worker_engine_preemptions_total``, a counter that stays monotonic
+    when the engine restarts (its counter starts again at zero: the old total is carried over)."""
+
+    def __init__(self, namespace: str, pool: str, engine: str) -> None:
+        self.prefix = f"{namespace}_" if namespace else ""
+        self.label_values = [pool, engine]
+        self.load = EngineLoad()
+        self._preempt_base = 0.0  # what the engine had counted before its last restart(s)
+        self._preempt_last: float | None = None
+
+    def update(self, load: EngineLoad) -> None:
+        self.load = load
+        v = load.preemptions_total
+        if v is None:
+            return
+        if self._preempt_last is not None and v < self._preempt_last:
+            self._preempt_base += self._preempt_last  # the engine restarted
+        self._preempt_last = v
+
+    @property
+    def preemptions(self) -> float | None:
+        return None if self._preempt_last is None else self._preempt_base + self._preempt_last
+
+    def collect(self) -> Iterable[Metric]:
+        load, labels = self.load, ["pool", "engine"]
+        for name, doc, value in (
+            ("worker_engine_running_requests", "Requests running in the engine", load.running),
+            ("worker_engine_waiting_requests", "Requests waiting in the engine's queue", load.waiting),
+            ("worker_engine_kv_cache_usage_ratio", "Share of the engine's KV cache in use (0..1)", load.kv_cache_usage),
+            (
+                "worker_engine_prefix_cache_hit_ratio",
+                "Prefix-cache hit ratio of the engine (0..1; windowed where the engine exports counters)",
+                load.prefix_cache_hit_rate,
+            ),
+            (
+                "worker_engine_batch_size",
+                "Batch of the engine: mean tokens per step over the window (vLLM), else running requests",
+                load.batch_size,
+            ),
+        ):
+            if value is not None:
+                g = GaugeMetricFamily(self.prefix + name, doc, labels=labels)
+                g.add_metric(self.label_values, value)
+                yield g
+        total = self.preemptions
+        if total is not None:
+            c = CounterMetricFamily(
+                self.prefix + "worker_engine_preemptions",
+                "Preemptions in the engine (SGLang: retractions)",
+                labels=labels,
+            )
+            c.add_metric(self.label_values, total)
+            yield c
+
+
 class WorkerMetrics:
-    def __init__(self, metrics: Metrics) -> None:
+    """The worker's families, every one labelled ``pool`` (a worker serves one pool, so the
+    children are bound once here and the hot path never looks a label up)."""
+
+    def __init__(self, metrics: Metrics, pool: str = "", engine: str = "") -> None:
         m = metrics
-        self.attempts = m.counter("worker_attempts_total", "Attempts taken, by outcome", ("outcome",))
-        self.in_flight = m.gauge("worker_in_flight_requests", "Attempts running on the engine now")
-        self.capacity = m.gauge("worker_capacity_requests", "Concurrent attempts this worker accepts")
-        self.engine_ready = m.gauge("worker_engine_ready", "1 while the engine answers its health check")
-        self.nats_queue = m.histogram("worker_nats_queue_seconds", "Dispatch to take: wait in NATS")
-        self.ttft = m.histogram("worker_ttft_seconds", "Engine call to first token")
-        self.itl = m.histogram("worker_itl_seconds", "Gap between engine chunks (p50 per attempt)")
-        self.e2e = m.histogram("worker_e2e_seconds", "Take to terminal message")
-        self.tokens = m.counter("worker_completion_tokens_total", "Completion tokens generated")
-        self.prompt_tokens = m.counter("worker_prompt_tokens_total", "Prompt tokens processed")
-        self.nats_msgs = m.counter("worker_token_messages_total", "Token messages published (after coalescing)")
-        self.completion_len = m.histogram(
-            "worker_request_completion_tokens", "Completion tokens per attempt", buckets=TOKEN_BUCKETS
+        self.pool = pool
+        self._attempts = m.counter("worker_attempts_total", "Attempts taken, by outcome", ("pool", "outcome"))
+        self._by_outcome: dict[str, Any] = {}
+        p = ("pool",)
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...] = LATENCY_BUCKETS) -> Any:
+            return m.histogram(name, doc, p, buckets=buckets).labels(pool)
+
+        self.in_flight = m.gauge("worker_in_flight_requests", "Attempts running on the engine now", p).labels(pool)
+        self.capacity = m.gauge("worker_capacity_requests", "Concurrent attempts this worker accepts", p).labels(pool)
+        self.engine_ready = m.gauge("worker_engine_ready", "1 while the engine answers its health check", p).labels(
+            pool
         )
+        self.nats_queue = hist("worker_nats_queue_seconds", "Dispatch to take: wait in NATS")
+        self.ttft = hist("worker_ttft_seconds", "Engine call to first token")
+        self.itl = m.bulk_histogram(
+            "worker_itl_seconds", "Every gap between two engine chunks", {"pool": pool}, ITL_BUCKETS
+        )
+        self.engine_queue = hist("worker_engine_queue_seconds", "Inside the engine before scheduling, where known")
+        self.prefill = hist("worker_prefill_seconds", "Scheduled to first token (TTFT less the engine queue)")
+        self.decode = hist("worker_decode_seconds", "First token to last token")
+        self.tpot = hist("worker_tpot_seconds", "Decode time per output token after the first", ITL_BUCKETS)
+        self.e2e = hist("worker_e2e_seconds", "Take to terminal message")
+        self.tokens = m.counter("worker_completion_tokens_total", "Completion tokens generated", p).labels(pool)
+        self.prompt_tokens = m.counter("worker_prompt_tokens_total", "Prompt tokens processed", p).labels(pool)
+        self.nats_msgs = m.counter(
+            "worker_token_messages_total", "Token messages published (after coalescing)", p
+        ).labels(pool)
+        self.completion_len = hist("worker_request_completion_tokens", "Completion tokens per attempt", TOKEN_BUCKETS)
+        self.engine = EngineLoadCollector(m.namespace, pool, engine)
+        m.registry.register(self.engine)
+
+    def attempt(self, outcome: str) -> Any:
+        """The attempts counter of one outcome (outcomes are a closed set: cached)."""
+        child = self._by_outcome.get(outcome)
+        if child is None:
+            child = self._by_outcome[outcome] = self._attempts.labels(self.pool, outcome)
+        return child
+
+    def observe_timings(self, t: Timings, token_times: Sequence[float]) -> None:
+        """One attempt's timings, at its end: each phase the engine reported, and every gap
+        between consecutive engine chunks (ITL), not one figure per attempt."""
+        if t.ttft_s is not None:
+            self.ttft.observe(t.ttft_s)
+        if t.engine_queue_s is not None:
+            self.engine_queue.observe(t.engine_queue_s)
+        if t.prefill_s is not None:
+            self.prefill.observe(t.prefill_s)
+        if t.decode_s is not None:
+            self.decode.observe(t.decode_s)
+        if t.tpot_s is not None:
+            self.tpot.observe(t.tpot_s)
+        self.e2e.observe(t.e2e_s)
+        self.itl.observe_gaps(token_times)
 
 
 @dataclass
@@ -78,7 +182,7 @@ class Worker:
         self.catalog = catalog
         self.topo = Topology(settings.infra.namespace)
         self.metrics = metrics
-        self.m = WorkerMetrics(metrics)
+        self.m = WorkerMetrics(metrics, settings.pool, adapter.engine)
         self.m.capacity.set(settings.max_concurrency)
         self.models = settings.models or sorted({d.model for d in catalog.deployments if d.pool == settings.pool})
         self.nc: NATS | None = None
@@ -103,6 +207,7 @@ class Worker:
             coalesce_s=settings.coalesce_ms / 1000.0,
             publish=self.publish_nowait,
             stream=adapter.stream,
+            engine_queue_estimate=lambda: self._load.mean_queue_time_s,
         )
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -269,7 +374,7 @@ class Worker:
         with contextlib.suppress(Exception):
             await self.js.publish(self.topo.dead_letter_subject, msg.data, headers={"Llmlab-Reason": why[:200]})
         await msg.term()
-        self.m.attempts.labels("malformed").inc()
+        self.m.attempt("malformed").inc()
 
     async def _still_wanted(self, req: InferenceRequest) -> bool:
         """A redelivered attempt runs only if its gateway still waits for exactly this attempt."""
@@ -315,17 +420,13 @@ class Worker:
         except Exception:
             log.warning("ack failed (redelivery will be dropped as stale)")
         outcome, usage, t = result.outcome, result.usage, result.timings
-        self.m.attempts.labels(outcome).inc()
+        self.m.attempt(outcome).inc()
         if usage is not None:
             self.m.tokens.inc(usage.completion_tokens)
             self.m.prompt_tokens.inc(usage.prompt_tokens)
             self.m.completion_len.observe(usage.completion_tokens)
         if t is not None:
-            if t.ttft_s is not None:
-                self.m.ttft.observe(t.ttft_s)
-            if t.itl_p50_s is not None:
-                self.m.itl.observe(t.itl_p50_s)
-            self.m.e2e.observe(t.e2e_s)
+            self.m.observe_timings(t, result.token_times)
         deployment = self.catalog.deployment(req.deployment)
         event = AttemptEvent(
             request_id=req.request_id,
@@ -394,11 +495,12 @@ class Worker:
     async def _refresh_load(self) -> None:
         if not self.engine_ready:
             self._load = EngineLoad()
-            return
-        try:
-            self._load = await self.adapter.load()
-        except Exception as exc:
-            log.debug("engine metrics unavailable: %s", exc)
+        else:
+            try:
+                self._load = await self.adapter.load()
+            except Exception as exc:
+                log.debug("engine metrics unavailable: %s", exc)
+        self.m.engine.update(self._load)
 
     async def _heartbeat_loop(self) -> None:
         interval = self.settings.heartbeat_interval_s

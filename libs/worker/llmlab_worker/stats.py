@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from llmlab_common.messages import Timings
 from llmlab_common.stats import quantile
@@ -15,6 +16,11 @@ class AttemptClock:
     engine_start: float | None = None  # monotonic, engine call sent
     token_times: list[float] = field(default_factory=list)  # monotonic arrival of each content chunk
     engine_queue_s: float | None = None  # inside the engine before scheduling, where it tells
+    engine_queue_method: Literal["engine", "window_mean"] | None = None
+    # The gateway's admission figures, passed through to the attempt's Timings.
+    auth_s: float | None = None
+    route_s: float | None = None
+    dispatch_offset_s: float | None = None
 
     def timings(self, completion_tokens: int, ended_at: float) -> Timings:
         engine_queue_s = self.engine_queue_s
@@ -40,4 +46,8 @@ class AttemptClock:
             itl_p95_s=p95,
             itl_p99_s=p99,
             tpot_s=tpot,
+            auth_s=self.auth_s,
+            route_s=self.route_s,
+            dispatch_offset_s=self.dispatch_offset_s,
+            engine_queue_method=self.engine_queue_method if engine_queue_s is not None else None,
         )

@@ -195,3 +195,42 @@ async def test_attempts_dropped_before_start_never_reach_the_engine(why: str, ou
     assert sent == [] and not w.adapter.closed  # type: ignore[attr-defined]
     assert [(e.outcome, e.usage) for e in js.events] == [(outcome, None)]
     assert run.msg.acks == 1 and w.capacity.free == 2  # type: ignore[attr-defined]
+
+
+async def test_admission_figures_and_engine_queue_reach_the_attempt_event() -> None:
+    """Catches: the gateway's admission figures dropped on the way to the accounting row, the
+    engine's own per-request queue time overwritten by the window estimate, or the estimate
+    presented as if the engine had reported it."""
+    usage = Usage(prompt_tokens=5, completion_tokens=2, total_tokens=7)
+    now = time.time()
+    req = _req(created_at=now - 0.3, dispatched_at=now - 0.1, auth_s=0.12, route_s=0.05)
+
+    w, _, js = _worker(["a", EngineEvent(at=time.monotonic(), engine_queue_s=0.04), "b", usage_event(usage)])
+    w._load = w._load.model_copy(update={"mean_queue_time_s": 0.9})
+    run = await _run(w, req)
+    assert run.task is not None
+    await run.task
+    t = js.events[0].timings
+    assert t is not None
+    assert (t.auth_s, t.route_s) == (0.12, 0.05)
+    assert t.dispatch_offset_s == pytest.approx(0.2, abs=1e-6)
+    assert (t.engine_queue_s, t.engine_queue_method) == (0.04, "engine")
+
+    w, _, js = _worker(["a", "b", usage_event(usage)])
+    w._load = w._load.model_copy(update={"mean_queue_time_s": 0.9})
+    run = await _run(w, req)
+    assert run.task is not None
+    await run.task
+    t = js.events[0].timings
+    assert t is not None and (t.engine_queue_s, t.engine_queue_method) == (0.9, "window_mean")
+
+    w, _, js = _worker(["a", "b", usage_event(usage)])  # no window figure either: unknown, not 0
+    run = await _run(w, req)
+    assert run.task is not None
+    await run.task
+    t = js.events[0].timings
+    assert t is not None and (t.engine_queue_s, t.engine_queue_method, t.prefill_s) == (None, None, None)
+
+
+def usage_event(usage: Usage) -> EngineEvent:
+    return EngineEvent(at=time.monotonic(), finish_reason="stop", usage=usage)

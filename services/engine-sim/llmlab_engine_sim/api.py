@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from llmlab_engine_sim import protocol, textgen
 from llmlab_engine_sim.engine import SimEngine
+from llmlab_engine_sim.gpu import FixedGpuCollector, gpu_block_size
 from llmlab_engine_sim.protocol import ApiError, ParsedRequest
 from llmlab_engine_sim.scheduler import Clock, RequestState, SimRequest
 from llmlab_engine_sim.settings import SimSettings
@@ -267,6 +268,10 @@ def create_app(settings: SimSettings | None = None, *, clock: Clock | None = Non
     app.state.service_state = state
     app.state.engine = engine
     twin = _install_twin(engine, settings, clock) if settings.mode == "twin" else None
+    if twin is None:  # the twin registers its own GPU gauges
+        engine.registry.register(
+            FixedGpuCollector(lambda: engine.scheduler, engine.metrics, settings, gpu_block_size(settings.flavor))
+        )
 
     async def generate(endpoint: Endpoint, raw: bytes) -> Response:
         if not engine.healthy:

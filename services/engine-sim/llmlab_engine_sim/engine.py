@@ -9,8 +9,9 @@ import logging
 import time
 import uuid
 
+from llmlab_common.metrics import add_process_collectors
 from llmlab_common.runtime import ServiceState
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from llmlab_engine_sim import textgen
 from llmlab_engine_sim.flavors import FLAVORS, EngineMetrics, Flavor
@@ -50,7 +51,7 @@ class SimEngine:
         # One registry per engine: tests run several apps in one process.
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.metrics)
-        ProcessCollector(registry=self.registry)
+        add_process_collectors(self.registry)  # process_* and llmlab_process_network_*
         self.created = int(time.time())
         self.started = False
 

@@ -57,6 +57,6 @@ class SimSettings(ServiceSettings):
     # "vllm" (hash chain of blocks) or "sglang" (radix tree); None: the flavour's own.
     prefix_style: Literal["vllm", "sglang"] | None = None
     eviction_policy: str = "lru"
-    # Board power for the simulated GPU gauges (W); None: twin_rt.DEFAULT_POWER_W.
+    # Board power for the simulated GPU gauges (W); None: gpu.DEFAULT_POWER_W.
     tdp_w: float | None = Field(default=None, gt=0)
     idle_w: float | None = Field(default=None, ge=0)

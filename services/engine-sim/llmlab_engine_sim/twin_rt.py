@@ -12,7 +12,6 @@ from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
 from llmlab_common.stats import quantile
-from llmlab_twin import kvcalc
 from llmlab_twin.kvcache import KVConfig, num_gpu_blocks_from_kvcalc
 from llmlab_twin.sched import (
     FixedStepCost,
@@ -24,8 +23,8 @@ from llmlab_twin.sched import (
     TwinSeq,
     make_cost_model,
 )
-from prometheus_client.core import GaugeMetricFamily
 
+from llmlab_engine_sim.gpu import GpuProfile, UtilWindow
 from llmlab_engine_sim.scheduler import (
     Clock,
     LoopScheduler,
@@ -37,17 +36,6 @@ from llmlab_engine_sim.scheduler import (
 )
 
 log = logging.getLogger(__name__)
-
-# Board power (W) of the GPU-style gauges when hardware.yaml has none: datasheet TDPs; idle is a
-# stated assumption (about 10-15% of TDP for an idle data-centre GPU with a model loaded).
-DEFAULT_POWER_W: dict[str, tuple[float, float]] = {
-    "H100-SXM": (700.0, 90.0),
-    "H100-PCIe": (350.0, 60.0),
-    "H200": (700.0, 90.0),
-    "A100-80GB": (400.0, 60.0),
-    "L40S": (350.0, 40.0),
-    "L4": (72.0, 16.0),
-}
 
 
 class RealtimeTwinScheduler(LoopScheduler, StepListener):
@@ -304,62 +292,24 @@ def twin_scheduler_from_settings(
 
 
 class TwinGpuCollector:
-    """GPU-style gauges of the twin, under dcgm-exporter's names with ``simulated="true"``:
-    utilisation = busy fraction of time since the previous scrape (percent), framebuffer used =
-    weights + KV blocks in use (MiB), power = idle + (TDP - idle) x utilisation (W). All
-    **simulated**: no GPU is read."""
+    """GPU-style gauges of the twin (:mod:`llmlab_engine_sim.gpu`), under dcgm-exporter's names
+    with ``simulated="true"``: utilisation = busy fraction of time since the previous window
+    (percent), framebuffer used = weights + KV blocks in use (MiB), power = idle + (TDP - idle) x
+    utilisation (W). All **simulated**: no GPU is read."""
 
     def __init__(self, twin: RealtimeTwinScheduler, settings: Any) -> None:
         self.twin = twin
-        self.labels = {"gpu": "0", "modelName": settings.twin_device, "simulated": "true"}
-        tdp, idle = DEFAULT_POWER_W.get(settings.twin_device, (700.0, 90.0))
-        self.tdp_w = settings.tdp_w if settings.tdp_w is not None else tdp
-        self.idle_w = settings.idle_w if settings.idle_w is not None else idle
-        self.weight_bytes = 0.0
-        self.kv_bytes_per_token = 0.0
-        self.total_bytes = 0.0
-        try:
-            p = kvcalc.plan_by_name(settings.twin_model, settings.twin_device, dtype=settings.twin_dtype)
-            self.weight_bytes = float(p.weight_bytes_per_gpu)
-            self.kv_bytes_per_token = float(p.kv_bytes_per_token_per_gpu)
-            self.total_bytes = float(p.device_memory_bytes)
-        except Exception as exc:  # unknown model/device: memory gauges stay 0
-            log.warning("twin GPU gauges: no memory figures (%s)", exc)
-        self._mark: tuple[float, float] | None = None
-        self._util = 0.0
+        self.profile = GpuProfile(settings)
+        self._window: UtilWindow | None = None
 
     def utilisation(self) -> float:
         now = self.twin.clock.now()
-        busy = self.twin.core.stats.busy_s
-        if self._mark is None:
-            start = self.twin.started_at if self.twin.started_at is not None else now
-            self._mark = (start, 0.0)
-        t0, b0 = self._mark
-        if now - t0 >= 0.5:
-            self._util = max(0.0, min(1.0, (busy - b0) / (now - t0)))
-            self._mark = (now, busy)
-        return self._util
+        if self._window is None:
+            self._window = UtilWindow(self.twin.started_at if self.twin.started_at is not None else now)
+        return self._window.update(now, self.twin.core.stats.busy_s)
 
     def collect(self) -> Iterator[Any]:
         util = self.utilisation()
         kv = self.twin.core.kv
-        used = self.weight_bytes + kv.used_blocks * kv.block_size * self.kv_bytes_per_token
-        names = list(self.labels)
-        values = list(self.labels.values())
-        for name, doc, value in (
-            ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %). SIMULATED by the engine twin.", util * 100.0),
-            ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB). SIMULATED: weights + KV in use.", used / 2**20),
-            (
-                "DCGM_FI_DEV_FB_FREE",
-                "Framebuffer memory free (in MiB). SIMULATED.",
-                max(0.0, self.total_bytes - used) / 2**20,
-            ),
-            (
-                "DCGM_FI_DEV_POWER_USAGE",
-                "Power draw (in W). SIMULATED: idle + (TDP - idle) x utilisation.",
-                self.idle_w + (self.tdp_w - self.idle_w) * util,
-            ),
-        ):
-            fam = GaugeMetricFamily(name, doc, labels=names)
-            fam.add_metric(values, value)
-            yield fam
+        used = self.profile.weight_bytes + kv.used_blocks * kv.block_size * self.profile.kv_bytes_per_token
+        return self.profile.families(util, used)

@@ -24,7 +24,15 @@ from pydantic import ValidationError
 
 from llmlab_gateway.auth import AdmissionRequest, require_key
 from llmlab_gateway.deps import Gateway, bearer_key, read_body, route_hints
-from llmlab_gateway.metrics import GatewayMetrics
+from llmlab_gateway.metrics import (
+    CLIENT_CLOSED,
+    OK,
+    GatewayMetrics,
+    ModelPlanMetrics,
+    code_label,
+    model_label,
+    plan_label,
+)
 from llmlab_gateway.schemas import ChatCompletionRequest, CompletionRequest
 from llmlab_gateway.service import CallContext, CompletionService, OpenedStream, estimate_prompt
 from llmlab_gateway.sse import SseResponse
@@ -42,9 +50,9 @@ async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -
     request_id_var.set(request_id)
     service, settings, gm = gw.service, gw.settings, gw.metrics
     created_at = time.time()
-    model_label = "unknown"
     principal: Principal | None = None
     model: str | None = None
+    ctx: CallContext | None = None
     try:
         api_key = require_key(bearer_key(request))
         raw = await read_body(request, settings.max_body_bytes)
@@ -66,6 +74,7 @@ async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -
         gw.require_model(body.model)
         hints = route_hints(request)
         # Authenticate and reserve (budget) before routing: over-budget work never reaches a worker.
+        t_admit = time.perf_counter()
         admission = await gw.admitter.admit(
             api_key,
             AdmissionRequest(
@@ -79,37 +88,63 @@ async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -
         )
         principal = admission.principal
         ctx = CallContext(request_id, endpoint, body, principal, created_at, admission.max_tokens, hints)
+        ctx.auth_s = time.perf_counter() - t_admit
         opened = await service.open(ctx)
     except LLMLabError as err:
-        found = gw.holder.current.catalog.resolve(model) if model is not None else []
-        if found:
-            model_label = found[0].model
-        gm.requests.labels(endpoint, model_label, str(err.status)).inc()
+        if ctx is not None:
+            gm.admitted(ctx.auth_s, ctx.route_s)
+        catalog = gw.holder.current.catalog
+        gm.request(endpoint, model_label(catalog, model), plan_label(catalog, principal), err.status, code_label(err))
         log.info("refused %s: %d %s", endpoint, err.status, err.message)
         service.record_failure(request_id, err, created_at, model, principal)
         return error_response(err, request_id)
-    model_label = opened.deployment.model
-    gm.ttft.labels(model_label).observe(time.time() - created_at)
+    gm.admitted(ctx.auth_s, ctx.route_s)
+    plan = plan_label(gw.holder.current.catalog, principal)
+    mp = gm.of(opened.deployment.model, plan)
+    first_at = time.time()
+    mp.ttft.observe(first_at - created_at)
     if opened.attempts > 1:
-        gm.attempts.labels(model_label).inc(opened.attempts - 1)
+        gm.attempts.labels(opened.deployment.model).inc(opened.attempts - 1)
     headers = {"X-Request-Id": request_id, "X-LLMLab-Deployment": opened.deployment.id}
     if opened.route is not None:
         headers["X-LLMLab-Route-Policy"] = opened.route.policy
     if opened.attempts > 1:
         headers["X-LLMLab-Attempts"] = str(opened.attempts)
+    done = _Done(gm, mp, endpoint, opened.deployment.model, plan, first_at)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return SseResponse(_sse(service, opened, ctx, include_usage, gm), headers={**headers, **SSE_HEADERS})
-    return await _unary(request, service, opened, ctx, gm, headers)
+        return SseResponse(_sse(service, opened, ctx, include_usage, done), headers={**headers, **SSE_HEADERS})
+    return await _unary(request, service, opened, ctx, done, headers)
+
+
+class _Done:
+    """A relayed request's metrics, all at its end: the request counter, e2e, tokens, TPOT."""
+
+    __slots__ = ("endpoint", "first_at", "gm", "model", "mp", "plan")
+
+    def __init__(
+        self, gm: GatewayMetrics, mp: ModelPlanMetrics, endpoint: Endpoint, model: str, plan: str, first_at: float
+    ) -> None:
+        self.gm, self.mp, self.endpoint, self.model, self.plan, self.first_at = gm, mp, endpoint, model, plan, first_at
+
+    def __call__(
+        self, ctx: CallContext, opened: OpenedStream, status: int | str, code: str, last_at: float | None = None
+    ) -> None:
+        now = time.time()
+        self.gm.request(self.endpoint, self.model, self.plan, status, code)
+        last = last_at if last_at is not None else now
+        self.mp.finished(opened.end, self.first_at, last, now - ctx.created_at, code == OK)
 
 
 async def _sse(
-    service: CompletionService, opened: OpenedStream, ctx: CallContext, include_usage: bool, gm: GatewayMetrics
+    service: CompletionService, opened: OpenedStream, ctx: CallContext, include_usage: bool, done: _Done
 ) -> AsyncIterator[bytes]:
     endpoint, model = ctx.endpoint, opened.deployment.model
     oid, created = wire.object_id(endpoint, ctx.request_id), int(ctx.created_at)
-    status = "200"
+    status, code = "200", OK
+    last_at: float | None = None
     client_gone = True  # until proven otherwise: a cancelled generator means the client left
+    gm = done.gm
     gm.in_flight.inc()
     try:
         if endpoint == "chat":
@@ -118,12 +153,13 @@ async def _sse(
             )
         content = wire.ContentChunkEncoder(endpoint, oid, created, model, include_usage)
         async for batch in opened.batches():
-            yield b"".join(_frames(batch, content, endpoint, oid, created, model, include_usage, gm))
+            yield b"".join(_frames(batch, content, endpoint, oid, created, model, include_usage))
+        last_at = time.time()
         yield wire.SSE_DONE
         client_gone = False
     except LLMLabError as err:
         # Headers are sent: report in-band as OpenAI does, then end the stream.
-        status = str(err.status)
+        status, code = str(err.status), code_label(err)
         log.warning("stream ended with error: %s", err.message)
         service.record_failure(ctx.request_id, err, ctx.created_at, ctx.body.model, ctx.principal)
         yield wire.sse(err.to_openai())
@@ -131,8 +167,10 @@ async def _sse(
         client_gone = False
     finally:
         gm.in_flight.dec()
-        gm.requests.labels(endpoint, model, "499" if client_gone else status).inc()
-        gm.e2e.labels(model).observe(time.time() - ctx.created_at)
+        if client_gone:
+            done(ctx, opened, "499", CLIENT_CLOSED)
+        else:
+            done(ctx, opened, status, code, last_at)
         service.close(opened, ctx, client_gone)
 
 
@@ -144,7 +182,6 @@ def _frames(
     created: int,
     model: str,
     include_usage: bool,
-    gm: GatewayMetrics,
 ) -> list[bytes]:
     out: list[bytes] = []
     for m in batch:
@@ -165,7 +202,6 @@ def _frames(
                 )
             )
         else:
-            gm.tokens.labels(model).inc(m.usage.completion_tokens)
             out.append(
                 wire.sse(
                     wire.chunk(
@@ -189,12 +225,15 @@ async def _unary(
     service: CompletionService,
     opened: OpenedStream,
     ctx: CallContext,
-    gm: GatewayMetrics,
+    finish: _Done,
     headers: dict[str, str],
 ) -> Response:
     model = opened.deployment.model
+    gm = finish.gm
     gm.in_flight.inc()
     client_gone = False
+    # What the request is counted as; a failure outside LLMLabError is answered 500 by the app.
+    status, code, last_at = "500", Code.INTERNAL_ERROR.value, None
     collect = asyncio.ensure_future(_collect(opened))
     watch = asyncio.ensure_future(_wait_disconnect(request))
     try:
@@ -203,16 +242,15 @@ async def _unary(
             client_gone = True
             collect.cancel()
             opened.delivered_tokens = 0  # collected for a body the client never received
-            gm.requests.labels(ctx.endpoint, model, "499").inc()
+            status, code = "499", CLIENT_CLOSED
             return Response(status_code=499)
         try:
             text, tools, end = collect.result()
         except LLMLabError as err:
-            gm.requests.labels(ctx.endpoint, model, str(err.status)).inc()
+            status, code = str(err.status), code_label(err)
             service.record_failure(ctx.request_id, err, ctx.created_at, ctx.body.model, ctx.principal)
             return error_response(err, ctx.request_id)
-        gm.tokens.labels(model).inc(end.usage.completion_tokens)
-        gm.requests.labels(ctx.endpoint, model, "200").inc()
+        status, code, last_at = "200", OK, time.time()
         body = wire.completion(
             ctx.endpoint,
             wire.object_id(ctx.endpoint, ctx.request_id),
@@ -227,7 +265,7 @@ async def _unary(
     finally:
         watch.cancel()
         gm.in_flight.dec()
-        gm.e2e.labels(model).observe(time.time() - ctx.created_at)
+        finish(ctx, opened, status, code, last_at)
         service.close(opened, ctx, client_gone)
 
 

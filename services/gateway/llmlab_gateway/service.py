@@ -133,6 +133,9 @@ class CallContext:
     max_tokens: int | None = None
     hints: RouteHints = field(default_factory=RouteHints)
     prompt_hash: str | None = None  # set when the request is routed
+    # Admission steps (seconds): carried to the worker and into the accounting rows.
+    auth_s: float | None = None  # authenticate + reserve
+    route_s: float | None = None  # the routing decision (set by CompletionService.open)
 
 
 @dataclass
@@ -282,6 +285,8 @@ class CompletionService:
             start_deadline=now + queue_timeout,
             deadline=ctx.created_at + self.settings.request_timeout_s,
             route=route,
+            auth_s=ctx.auth_s,
+            route_s=ctx.route_s,
         )
 
     def route_query(self, ctx: CallContext) -> RouteQuery:
@@ -330,7 +335,11 @@ class CompletionService:
         The chain never repeats a (deployment, worker), is bounded by the catalog's ``max_chain``
         and by ``max_attempts``, and every attempt reuses the request's one budget reservation, so
         a fallback can neither loop nor charge twice. Errors are :class:`LLMLabError`."""
-        reply = await self._route(ctx)
+        t0 = time.perf_counter()
+        try:
+            reply = await self._route(ctx)
+        finally:
+            ctx.route_s = time.perf_counter() - t0
         targets = reply.targets[: self.settings.max_attempts]
         queue_timeout = self._queue_timeout(ctx.principal)
         failures: list[str] = []

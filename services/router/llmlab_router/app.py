@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from llmlab_common.jsprobe import JetStreamProbe, pending_by_pool, run_probe
 from llmlab_common.metrics import Metrics
 from llmlab_common.natsio import connect, ensure_streams
 from llmlab_common.runtime import ServiceState, cancel_and_wait, ops_router
@@ -57,6 +58,16 @@ def create_app(settings: RouterSettings) -> FastAPI:
                 watch_catalog(holder, settings.reload_interval_s, rm.reloaded), name="catalog-reload"
             )
             stack.push_async_callback(cancel_and_wait, reloader)
+            probe = JetStreamProbe(js, topo.requests_stream)
+
+            async def probe_queues() -> None:
+                pools = sorted({d.pool for d in holder.current.catalog.deployments})
+                rm.set_queues(pending_by_pool(topo, await probe.consumers(), pools))
+
+            prober = asyncio.create_task(
+                run_probe(probe_queues, settings.queue_probe_s, "requests queue"), name="queue-probe"
+            )
+            stack.push_async_callback(cancel_and_wait, prober)
             state.checks["nats"] = lambda: nc.is_connected
             started = asyncio.get_running_loop().time()
             state.checks["workers_discovered"] = lambda: (

@@ -1,7 +1,10 @@
-"""Router metrics (bounded labels only: policy, deployment, outcome)."""
+"""Router metrics (bounded labels only: policy, deployment, outcome, result, pool)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from llmlab_common.jsprobe import PoolQueue
 from llmlab_common.messages import RouteReply
 from llmlab_common.metrics import Metrics
 
@@ -19,6 +22,22 @@ class RouterMetrics:
             ("policy", "deployment", "outcome"),
         )
         self.reloads = metrics.counter("router_catalog_reloads_total", "Catalog reloads by result", ("result",))
+        self.queue_pending = metrics.gauge(
+            "router_queue_pending_messages",
+            "Requests waiting in JetStream for a worker: the pool's consumer and its workers' consumers",
+            ("pool",),
+        )
+        self.queue_ack_pending = metrics.gauge(
+            "router_queue_ack_pending_messages", "Requests taken by a worker of the pool, not yet acked", ("pool",)
+        )
+
+    def set_queues(self, by_pool: Mapping[str, PoolQueue]) -> None:
+        """The backlog of every catalog pool (a pool gone from the catalog loses its series)."""
+        self.queue_pending.clear()
+        self.queue_ack_pending.clear()
+        for pool, q in by_pool.items():
+            self.queue_pending.labels(pool).set(q.pending)
+            self.queue_ack_pending.labels(pool).set(q.ack_pending)
 
     def reloaded(self, result: str) -> None:
         self.reloads.labels(result).inc()

@@ -23,3 +23,6 @@ class RouterSettings(ServiceSettings):
     gil_switch_interval_s: float = Field(default=0.0005, gt=0, le=0.1)
     # Not ready until heartbeats have had time to arrive (else early requests see no workers).
     discovery_grace_s: float = Field(default=2.0, ge=0)
+    # The requests stream's backlog per pool (JetStream consumer info) is read this often for the
+    # llmlab_router_queue_*_messages gauges.
+    queue_probe_s: float = Field(default=2.0, gt=0)

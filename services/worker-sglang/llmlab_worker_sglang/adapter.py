@@ -18,4 +18,8 @@ class SglangAdapter(OpenAIEngineAdapter):
         queue_time_sum="sglang:queue_time_seconds_sum",
         queue_time_count="sglang:queue_time_seconds_count",
         prefix_hit_rate="sglang:cache_hit_rate",
+        # Retractions (SGLang's preemption: a running request sent back to the queue when the KV
+        # pool runs out); the counter of recent SGLang releases, absent in older ones.
+        preemptions="sglang:num_retracted_requests_total",
+        # No tokens-per-step histogram: the batch size is the running requests.
     )

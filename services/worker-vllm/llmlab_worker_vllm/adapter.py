@@ -18,4 +18,8 @@ class VllmAdapter(OpenAIEngineAdapter):
         queue_time_count="vllm:request_queue_time_seconds_count",
         prefix_hits="vllm:prefix_cache_hits_total",
         prefix_queries="vllm:prefix_cache_queries_total",
+        preemptions="vllm:num_preemptions_total",
+        # Tokens scheduled per engine step: the batch size is its windowed mean (tokens, not requests).
+        batch_tokens_sum="vllm:iteration_tokens_total_sum",
+        batch_tokens_count="vllm:iteration_tokens_total_count",
     )
