@@ -7,6 +7,8 @@ import asyncio
 import logging
 import math
 import re
+import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Security
@@ -18,6 +20,7 @@ from llmlab_common.codes import Code
 from llmlab_common.errors import AuthenticationFailed, InvalidRequest
 from pydantic import BaseModel, ConfigDict, Field
 
+from llmlab_accounting.attribution import periods_covering
 from llmlab_accounting.ports import Store
 from llmlab_accounting.settings import AccountingSettings
 
@@ -32,6 +35,21 @@ class QueryRequest(BaseModel):
     sql: str = Field(min_length=1, max_length=100_000)
     # ClickHouse server-side parameters: ``{name:Type}`` placeholders in the SQL.
     parameters: dict[str, Any] | None = None
+
+
+class AttributeRequest(BaseModel):
+    """Attribute GPU time now for [start, end) (epoch seconds; end defaults to now), period by
+    period, instead of waiting for the loop (``attribution_lag_s`` after each period closes)."""
+
+    model_config = ConfigDict(extra="forbid")
+    start: float = Field(gt=0)
+    end: float | None = Field(default=None, gt=0)
+
+
+class AttributeResponse(BaseModel):
+    periods: int
+    gpu_cost_usd: float  # the workers' cost over the periods (rate × time)
+    attributed_usd: float  # what the periods' attempts (and standby workers) carry
 
 
 class QueryResponse(BaseModel):
@@ -51,7 +69,12 @@ def check_read_only(sql: str) -> str:
     return body
 
 
-def admin_router(store: Store, settings: AccountingSettings) -> APIRouter:
+# Attribution of one period [t0, t1), blocking: returns (GPU cost, attributed cost) of the period.
+AttributePeriod = Callable[[float, float], tuple[float, float]]
+MAX_ATTRIBUTE_PERIODS = 1440  # one day of minute periods per call
+
+
+def admin_router(store: Store, settings: AccountingSettings, attribute: AttributePeriod) -> APIRouter:
     router = APIRouter()
     bearer = HTTPBearer(auto_error=False, description="Admin key")
 
@@ -80,5 +103,20 @@ def admin_router(store: Store, settings: AccountingSettings) -> APIRouter:
         # JSON has no nan: send null, as ClickHouse's own JSON output does.
         rows = [[None if isinstance(v, float) and not math.isfinite(v) else v for v in row] for row in result.rows]
         return JSONResponse(jsonable_encoder({"columns": result.columns, "types": result.types, "rows": rows}))
+
+    @router.post("/attribute", response_model=AttributeResponse)
+    async def attribute_now(body: AttributeRequest, _: None = Security(authenticate)) -> AttributeResponse:
+        end = min(body.end or time.time(), time.time())
+        periods = periods_covering(body.start, end, settings.attribution_period_s)
+        if len(periods) > MAX_ATTRIBUTE_PERIODS:
+            raise InvalidRequest(
+                f"{len(periods)} periods asked; at most {MAX_ATTRIBUTE_PERIODS} per call", code=Code.INVALID_VALUE
+            )
+        cost = attributed = 0.0
+        for t0, t1 in periods:
+            c, a = await asyncio.to_thread(attribute, t0, t1)
+            cost, attributed = cost + c, attributed + a
+        log.info("attributed %d periods on request", len(periods))
+        return AttributeResponse(periods=len(periods), gpu_cost_usd=cost, attributed_usd=attributed)
 
     return router

@@ -3,6 +3,7 @@ GPU-time attribution loop, and a read-only admin query endpoint."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -11,9 +12,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from llmlab_common.catalog import load_catalog
 from llmlab_common.http import install_error_handlers
+from llmlab_common.jsprobe import JetStreamProbe, run_probe
 from llmlab_common.metrics import Metrics
 from llmlab_common.natsio import connect, ensure_streams
-from llmlab_common.runtime import ServiceState, ops_router
+from llmlab_common.runtime import ServiceState, cancel_and_wait, ops_router
 from llmlab_common.subjects import Topology
 
 from llmlab_accounting.admin_api import admin_router
@@ -54,6 +56,15 @@ def create_app(settings: AccountingSettings) -> FastAPI:
             transport = AccountingTransport(nc, js, topo, service, settings, decoder)
             await transport.start()
             stack.push_async_callback(transport.stop)
+            probe = JetStreamProbe(js, topo.events_stream)
+
+            async def probe_events() -> None:
+                am.set_stream(await probe.stream_load(), await probe.consumers())
+
+            prober = asyncio.create_task(
+                run_probe(probe_events, settings.stream_probe_s, "events stream"), name="events-probe"
+            )
+            stack.push_async_callback(cancel_and_wait, prober)
             app.state.service = service
             app.state.transport = transport
             state.checks["nats"] = lambda: nc.is_connected
@@ -70,5 +81,11 @@ def create_app(settings: AccountingSettings) -> FastAPI:
     app.state.service_state = state
     install_error_handlers(app, "accounting service")
     app.include_router(ops_router(state, metrics))
-    app.include_router(admin_router(store, settings), prefix="/admin/v1")
+
+    def attribute(t0: float, t1: float) -> tuple[float, float]:
+        # Requests are served only after the lifespan has set the service up.
+        periods = app.state.service.attribute_period(t0, t1)
+        return sum(p.period_usd for p in periods), sum(p.attributed_usd for p in periods)
+
+    app.include_router(admin_router(store, settings, attribute), prefix="/admin/v1")
     return app

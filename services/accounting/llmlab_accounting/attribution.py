@@ -237,6 +237,19 @@ def _standby(served: list[WorkerPeriod], alive: list[Alive], t0: float, t1: floa
     return out
 
 
+def periods_covering(start: float, end: float, period_s: float) -> list[tuple[float, float]]:
+    """The aligned periods that overlap [start, end), the last one clipped at ``end`` (an open
+    period attributed early: the attribution loop's later run of the whole period replaces it)."""
+    if end <= start:
+        return []
+    t0 = (start // period_s) * period_s
+    out = []
+    while t0 < end:
+        out.append((t0, min(t0 + period_s, end)))
+        t0 += period_s
+    return out
+
+
 def period_bounds(now: float, period_s: float, lag_s: float, lookback: int) -> list[tuple[float, float]]:
     """The closed periods to (re)compute at ``now``: the newest ``lookback`` periods that ended at
     least ``lag_s`` ago, aligned to multiples of ``period_s``."""

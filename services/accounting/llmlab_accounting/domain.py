@@ -83,6 +83,10 @@ class AttemptRow(TypedDict):
     itl_p50_s: float | None
     itl_p95_s: float | None
     tpot_s: float | None
+    auth_s: float | None
+    route_s: float | None
+    dispatch_offset_s: float | None
+    engine_queue_method: str | None
     input_usd_per_mtok: float
     output_usd_per_mtok: float
     cached_input_usd_per_mtok: float | None
@@ -318,6 +322,10 @@ def attempt_columns(evs: Sequence[AttemptEvent], catalog: Catalog, now: float | 
         "itl_p50_s": [t.itl_p50_s if t else None for t in ts],
         "itl_p95_s": [t.itl_p95_s if t else None for t in ts],
         "tpot_s": [t.tpot_s if t else None for t in ts],
+        "auth_s": [t.auth_s if t else None for t in ts],
+        "route_s": [t.route_s if t else None for t in ts],
+        "dispatch_offset_s": [t.dispatch_offset_s if t else None for t in ts],
+        "engine_queue_method": [t.engine_queue_method if t else None for t in ts],
         "input_usd_per_mtok": [c.input_usd_per_mtok for c in cs],
         "output_usd_per_mtok": [c.output_usd_per_mtok for c in cs],
         "cached_input_usd_per_mtok": [c.cached_input_usd_per_mtok for c in cs],

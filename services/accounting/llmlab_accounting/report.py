@@ -55,6 +55,7 @@ def plot(r: QueryResult, kind: str, x: str, ys: list[str], title: str, path: Pat
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per query otherwise
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_target_args(p)
     p.add_argument("--sql-dir", type=Path, default=Path("reports") / "sql")

@@ -55,6 +55,10 @@ CREATE TABLE IF NOT EXISTS attempts_raw
     itl_p50_s Nullable(Float64),
     itl_p95_s Nullable(Float64),
     tpot_s Nullable(Float64),
+    auth_s Nullable(Float64),                 -- gateway: authenticate + reserve
+    route_s Nullable(Float64),                -- gateway: routing decision
+    dispatch_offset_s Nullable(Float64),      -- gateway accepted → this attempt published
+    engine_queue_method Nullable(String),     -- engine (reported per request) | window_mean (estimate)
     input_usd_per_mtok Float64,
     output_usd_per_mtok Float64,
     cached_input_usd_per_mtok Nullable(Float64),
@@ -72,6 +76,10 @@ ORDER BY (request_id, attempt, source);
 
 -- Directories created before the column existed.
 ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS prompt_hash Nullable(String) AFTER slo_class;
+ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS auth_s Nullable(Float64) AFTER tpot_s;
+ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS route_s Nullable(Float64) AFTER auth_s;
+ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS dispatch_offset_s Nullable(Float64) AFTER route_s;
+ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS engine_queue_method Nullable(String) AFTER dispatch_offset_s;
 
 CREATE TABLE IF NOT EXISTS requests_raw
 (
@@ -218,6 +226,10 @@ SELECT
     p.itl_p50_s AS itl_p50_s,
     p.itl_p95_s AS itl_p95_s,
     p.tpot_s AS tpot_s,
+    p.auth_s AS auth_s,
+    p.route_s AS route_s,
+    p.dispatch_offset_s AS dispatch_offset_s,
+    p.engine_queue_method AS engine_queue_method,
     p.input_usd_per_mtok AS input_usd_per_mtok,
     p.output_usd_per_mtok AS output_usd_per_mtok,
     p.cached_input_usd_per_mtok AS cached_input_usd_per_mtok,

@@ -69,6 +69,8 @@ class AccountingService:
         self.store.insert_arrow(REQUESTS_TABLE, batch.requests)
         self.m.insert_seconds.observe(time.perf_counter() - t0)
         self.m.batches.inc()
+        self.m.attempt_rows.inc(batch.attempts.num_rows)
+        self.m.request_rows.inc(batch.requests.num_rows)
         self.m.batch_rows.observe(len(batch))
         now = time.time()
         for ended_at in batch.ended_at:

@@ -43,6 +43,9 @@ class AccountingSettings(ServiceSettings):
     attribution_lookback_periods: int = Field(default=2, ge=1)
     # Worker heartbeats (who was up, for standby GPU cost) are recorded in batches this often.
     heartbeat_flush_s: float = Field(default=5.0, gt=0)
+    # The events stream's size and its durable consumers' backlogs (JetStream stream and consumer
+    # info) are read this often for the llmlab_accounting_events_stream_* / consumer gauges.
+    stream_probe_s: float = Field(default=5.0, gt=0)
     # Weight of a request in prefill against one in decode when an instant's GPU cost is split.
     prefill_weight: float = Field(default=1.0, gt=0)
     # Query endpoint bounds.

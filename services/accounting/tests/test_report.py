@@ -78,7 +78,7 @@ def test_query_endpoint_needs_the_admin_key_and_refuses_writes(tmp_path: Path) -
     try:
         app = FastAPI()
         install_error_handlers(app, "accounting service")
-        app.include_router(admin_router(store, AccountingSettings()), prefix="/admin/v1")
+        app.include_router(admin_router(store, AccountingSettings(), lambda _t0, _t1: (0.0, 0.0)), prefix="/admin/v1")
         c = TestClient(app)
         body = {"sql": "SELECT count() AS n FROM attempts"}
         assert c.post("/admin/v1/query", json=body).status_code == 401
@@ -96,6 +96,38 @@ def test_query_endpoint_needs_the_admin_key_and_refuses_writes(tmp_path: Path) -
         assert r.status_code == 400
     finally:
         store.close()
+
+
+def test_attribute_endpoint_runs_every_aligned_period_up_to_now() -> None:
+    """Catches: a demo or operator asking for attribution of a window and getting the wrong
+    periods (misaligned ones would never be replaced by the loop's later runs), a future period,
+    or the endpoint open without the admin key."""
+    from fastapi import FastAPI
+
+    calls: list[tuple[float, float]] = []
+
+    def attribute(t0: float, t1: float) -> tuple[float, float]:
+        calls.append((t0, t1))
+        return 1.0, 0.5
+
+    app = FastAPI()
+    install_error_handlers(app, "accounting service")
+    settings = AccountingSettings(attribution_period_s=60)
+    app.include_router(admin_router(None, settings, attribute), prefix="/admin/v1")  # type: ignore[arg-type]
+    c = TestClient(app)
+    ok = {"Authorization": f"Bearer {DEV_ADMIN_KEY}"}
+    assert c.post("/admin/v1/attribute", json={"start": 1000}).status_code == 401
+    r = c.post("/admin/v1/attribute", json={"start": 1_000_030, "end": 1_000_150}, headers=ok)
+    assert r.status_code == 200, r.text
+    # Periods start at multiples of 60: 1,000,030 lies in [1,000,020, 1,000,080); the last is clipped.
+    assert calls == [(1_000_020, 1_000_080), (1_000_080, 1_000_140), (1_000_140, 1_000_150)]
+    assert r.json() == {"periods": 3, "gpu_cost_usd": 3.0, "attributed_usd": 1.5}
+    calls.clear()
+    now = time.time()
+    r = c.post("/admin/v1/attribute", json={"start": now - 10, "end": now + 3600}, headers=ok)
+    assert r.status_code == 200 and calls and max(t1 for _, t1 in calls) <= time.time()
+    r = c.post("/admin/v1/attribute", json={"start": 1, "end": 10**9}, headers=ok)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_value"
 
 
 def test_dev_admin_key_is_refused_in_prod(monkeypatch: pytest.MonkeyPatch) -> None:
