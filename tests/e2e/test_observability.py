@@ -1,0 +1,277 @@
+"""Observability on a live Prometheus: the whole stack (two simulated engines, two workers,
+budget, router, gateway with budget auth, accounting) under a mixed load, scraped every second
+by Debian's Prometheus with the project's rules. Then:
+
+* every service's exposition stays inside the label allow-list and the series bound;
+* every recording rule returns data, every alert expression evaluates, and every dashboard
+  panel's query returns data of the shape the panel expects;
+* the dashboard figures agree with the raw rows in ClickHouse: request, token and error counts
+  exactly, TTFT p95 within one histogram bucket, list cost within 1%.
+
+One stack and one load run serve every test of the module (the load is what they all read)."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+from llmlab_common.metrics import LATENCY_BUCKETS, check_exposition
+from llmlab_testkit.budget import DEV_ADMIN_KEY, BudgetAdmin
+from llmlab_testkit.e2e import LLAMA, QWEN, client
+from llmlab_testkit.fixtures import _cleanup
+from llmlab_testkit.procs import ManagedProcess, Stack, unique_namespace, url
+from llmlab_testkit.prom import RULES_DIR, Prometheus, binaries_missing, start_prometheus
+
+from tests.e2e.test_accounting import list_prices, sql
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+STREAMED, UNARY, REFUSED, UNKNOWN_MODEL, BAD_KEY = 60, 30, 8, 4, 3
+ADMIN = {"Authorization": f"Bearer {DEV_ADMIN_KEY}"}
+
+
+@dataclass
+class Run:
+    stack: Stack
+    prom: Prometheus
+    acc: ManagedProcess
+    scraped: dict[str, ManagedProcess]  # job name -> process
+
+
+async def _load(gw: ManagedProcess, pro: str, free: str, tiny: str) -> None:
+    sem = asyncio.Semaphore(24)
+
+    async def streamed(i: int) -> None:
+        async with sem:
+            s = await client(gw, pro).chat.completions.create(
+                model=LLAMA,
+                messages=[{"role": "user", "content": f"hello {i}"}],
+                max_tokens=8 + i % 9,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            async for _ in s:
+                pass
+
+    async def unary(i: int) -> None:
+        async with sem:
+            await client(gw, free).chat.completions.create(
+                model=QWEN, messages=[{"role": "user", "content": f"hi {i}"}], max_tokens=4 + i % 5
+            )
+
+    async def refused(key: str, model: str, exc: type[Exception]) -> None:
+        with pytest.raises(exc):
+            await client(gw, key).chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "x"}], max_tokens=4
+            )
+
+    await asyncio.gather(
+        *(streamed(i) for i in range(STREAMED)),
+        *(unary(i) for i in range(UNARY)),
+        *(refused(tiny, LLAMA, openai.RateLimitError) for _ in range(REFUSED)),
+        *(refused(pro, "no-such-model", openai.NotFoundError) for _ in range(UNKNOWN_MODEL)),
+        *(refused("sk-wrong", LLAMA, openai.AuthenticationError) for _ in range(BAD_KEY)),
+    )
+
+
+@pytest.fixture(scope="module")
+def run() -> Iterator[Run]:
+    if missing := binaries_missing():
+        pytest.fail(f"{missing} missing: `make test` installs them (scripts/ensure-prometheus.sh)")
+    stack = Stack(namespace=unique_namespace())
+    prom = None
+    try:
+        sims = [
+            stack.sim("vllm", LLAMA, ttft_ms=40, itl_ms=5, output_len=16),
+            stack.sim("sglang", QWEN, ttft_ms=60, itl_ms=5, output_len=16),
+        ]
+        workers = [
+            stack.worker("vllm", "gpu-vllm", url(sims[0]), heartbeat_s=1.0),
+            stack.worker("sglang", "gpu-sglang", url(sims[1]), heartbeat_s=1.0),
+        ]
+        budget = stack.budget()
+        admin = BudgetAdmin(url(budget))
+        router = stack.router()
+        gw = stack.gateway(auth="budget", router="service")
+        # Hour-long attribution periods: the loop never attributes (and exports) another period
+        # than the one the test asks for below, so the cost gauges are that period's.
+        acc = stack.accounting(
+            env={"LLMLAB_ACCOUNTING_FLUSH_INTERVAL_S": "0.2", "LLMLAB_ACCOUNTING_ATTRIBUTION_PERIOD_S": "3600"}
+        )
+        started = time.time()
+        scraped = {"gateway": gw, "budget": budget, "router": router, "accounting": acc}
+        targets: dict[str, list[str]] = {job: [f"127.0.0.1:{p.port}"] for job, p in scraped.items()}  # type: ignore[attr-defined]
+        targets["workers"] = [f"127.0.0.1:{w.port}" for w in workers]  # type: ignore[attr-defined]
+        targets["engines"] = [f"127.0.0.1:{s.port}" for s in sims]  # type: ignore[attr-defined]
+        prom = start_prometheus(targets, rule_files=sorted(RULES_DIR.glob("*.yml")))
+        prom.wait_scraped(list(targets))
+        pro = admin.provision("pro").api_key
+        # The free plan allows a user 8 requests in flight, released at settlement (asynchronous).
+        free = admin.provision("free", {"user": {"max_concurrent": 64}}).api_key
+        tiny = admin.provision("pro", {"key": {"daily_tokens": 50}}).api_key
+        asyncio.run(_load(gw, pro, free, tiny))
+        # Settled: every row in ClickHouse, and a scrape plus a rule evaluation after it.
+        want = STREAMED + UNARY
+        for _ in range(150):
+            if sql(acc, "SELECT count() FROM attempts WHERE outcome = 'completed'") == [[want]]:
+                break
+            asyncio.run(asyncio.sleep(0.2))
+        r = httpx.post(url(acc) + "/admin/v1/attribute", json={"start": started}, headers=ADMIN, timeout=60)
+        assert r.status_code == 200 and r.json()["periods"] >= 1, r.text
+        asyncio.run(asyncio.sleep(3.5))
+        yield Run(
+            stack,
+            prom,
+            acc,
+            {
+                **scraped,
+                "worker-vllm": workers[0],
+                "worker-sglang": workers[1],
+                "sim-vllm": sims[0],
+                "sim-sglang": sims[1],
+            },
+        )
+    finally:
+        crashed = [p.name for p in stack.procs if p.crashed()]
+        if prom is not None:
+            prom.stop()
+        stack.close()
+        asyncio.run(_cleanup(stack.namespace, stack.nats_url, stack.redis_url))
+        assert not crashed, f"crashed during the run: {crashed}"
+
+
+def test_every_exposition_stays_inside_the_label_allow_list_and_series_bound(run: Run) -> None:
+    """Catches: a request id, user, key or worker id as a label (unbounded series), or a family
+    whose series grow with traffic past the stated bound."""
+    problems = {}
+    for name, p in run.scraped.items():
+        found = check_exposition(httpx.get(url(p) + "/metrics", timeout=10).text)
+        if found:
+            problems[name] = found
+    assert not problems, problems
+
+
+def _rules(kind: str) -> list[dict[str, object]]:
+    doc = yaml.safe_load((RULES_DIR / f"{'recording' if kind == 'record' else 'alerts'}.yml").read_text())
+    return [r for g in doc["groups"] for r in g["rules"] if kind in r]
+
+
+def test_every_recording_rule_has_data_and_every_alert_expression_evaluates(run: Run) -> None:
+    """Catches: a rule over a metric name or label that no service exposes (it evaluates to
+    nothing, silently, forever)."""
+    loaded = run.prom.rules()
+    assert all(r["health"] == "ok" for r in loaded), [r for r in loaded if r["health"] != "ok"]
+    empty = [r["record"] for r in _rules("record") if not run.prom.query(str(r["record"]))["result"]]
+    assert not empty, f"recording rules without data after the load run: {empty}"
+    for r in _rules("alert"):
+        assert run.prom.query(str(r["expr"]))["resultType"] == "vector", r["alert"]
+    firing = [
+        a["labels"]["alertname"]
+        for a in httpx.get(run.prom.url + "/api/v1/alerts").json()["data"]["alerts"]
+        if a["state"] == "firing"
+    ]
+    assert not firing, f"alerts firing on a healthy run: {firing}"
+
+
+def test_every_dashboard_panel_returns_data_of_its_shape(run: Run) -> None:
+    """Catches: a panel whose query names a metric, label or recording rule that does not exist
+    (the panel would show 'No data' on every Grafana)."""
+    from llmlab_lab.dashboards import panels
+
+    bad = []
+    for panel in panels():
+        for expr in panel.queries:
+            data = run.prom.query(expr)
+            if data["resultType"] != "vector" or (not data["result"] and not panel.may_be_empty):
+                bad.append(
+                    f"{panel.dashboard} / {panel.row} / {panel.title}: {expr} -> {data['resultType']}, "
+                    f"{len(data['result'])} series"
+                )
+    assert not bad, "\n".join(bad)
+
+
+def _bucket(v: float) -> int:
+    return bisect.bisect_left(LATENCY_BUCKETS, v)
+
+
+def test_dashboard_figures_agree_with_the_raw_rows_in_clickhouse(run: Run) -> None:
+    """Catches: the gateway counting a request, a token or an error that accounting does not (or
+    the reverse), a TTFT histogram fed another figure than the rows, and token counters that do not
+    add up to the list cost. Raw tables (attempts_raw, requests_raw) are read, not the views."""
+    p, acc = run.prom, run.acc
+    ok_prom = p.value('sum(llmlab_gateway_requests_total{status="200"})')
+    ok_ch = sql(acc, "SELECT uniqExact(request_id) FROM attempts_raw WHERE outcome = 'completed'")[0][0]
+    raw_ok = sql(acc, "SELECT count() FROM attempts_raw WHERE outcome = 'completed' AND source = 'worker'")[0][0]
+    print(f"completed requests: Prometheus {ok_prom}, ClickHouse {ok_ch} (raw worker rows {raw_ok})")
+    assert ok_prom == ok_ch == raw_ok == STREAMED + UNARY
+
+    errors_prom = {
+        s["metric"]["status"]: int(float(s["value"][1]))
+        for s in p.query('sum by (status) (llmlab_gateway_requests_total{status!="200"})')["result"]
+    }
+    errors_ch = {str(s): n for s, n in sql(acc, "SELECT status, count() FROM requests_raw GROUP BY status")}
+    print(f"errors by status: Prometheus {errors_prom}, ClickHouse {errors_ch}")
+    assert errors_prom == errors_ch == {"429": REFUSED, "404": UNKNOWN_MODEL, "401": BAD_KEY}
+
+    for kind in ("prompt", "completion"):
+        prom_tokens = {
+            s["metric"]["model"]: int(float(s["value"][1]))
+            for s in p.query(f"sum by (model) (llmlab_gateway_{kind}_tokens_total)")["result"]
+        }
+        ch_tokens = dict(
+            sql(
+                acc,
+                f"SELECT model, sum({kind}_tokens) FROM attempts_raw WHERE outcome = 'completed' "
+                "AND source = 'worker' GROUP BY model",
+            )
+        )
+        print(f"{kind} tokens: Prometheus {prom_tokens}, ClickHouse {ch_tokens}")
+        assert prom_tokens == ch_tokens and len(ch_tokens) == 2
+
+    ttft_prom = p.value("histogram_quantile(0.95, sum by (le) (llmlab_gateway_ttft_seconds_bucket))")
+    # The gateway's TTFT runs from acceptance to the first token: admission + NATS + the engine's.
+    (ttft_ch,) = sql(
+        acc,
+        "SELECT quantileExact(0.95)(dispatch_offset_s + nats_queue_s + ttft_s) FROM attempts_raw "
+        "WHERE outcome = 'completed' AND source = 'worker'",
+    )[0]
+    print(
+        f"TTFT p95: Prometheus {ttft_prom:.4f} s (bucket {_bucket(ttft_prom)}), "
+        f"ClickHouse {ttft_ch:.4f} s (bucket {_bucket(ttft_ch)})"
+    )
+    assert ttft_prom is not None and abs(_bucket(ttft_prom) - _bucket(ttft_ch)) <= 1
+
+    cost_prom = 0.0
+    for model in (LLAMA, QWEN):
+        price_in, price_out = list_prices(model)
+        tin = p.value(f'sum(llmlab_gateway_prompt_tokens_total{{model="{model}"}})') or 0.0
+        tout = p.value(f'sum(llmlab_gateway_completion_tokens_total{{model="{model}"}})') or 0.0
+        cost_prom += (tin * price_in + tout * price_out) / 1e6
+    (cost_ch,) = sql(acc, "SELECT sum(list_cost_usd) FROM attempts")[0]
+    print(f"list cost: Prometheus tokens x catalog prices ${cost_prom:.8f}, ClickHouse ${cost_ch:.8f}")
+    assert cost_ch > 0 and abs(cost_prom - cost_ch) <= 0.01 * cost_ch
+
+    # The cost row's GPU cost per request: accounting's gauge of the attributed period against
+    # that period's rows in gpu_attribution.
+    gauge = {
+        s["metric"]["model"]: float(s["value"][1])
+        for s in p.query("llmlab_accounting_gpu_cost_usd_per_request")["result"]
+    }
+    rows = dict(
+        sql(
+            acc,
+            "SELECT model, sum(gpu_cost_usd) / count() FROM gpu_attribution FINAL "
+            "WHERE period_start = (SELECT max(period_start) FROM gpu_attribution) GROUP BY model",
+        )
+    )
+    print(f"GPU cost per request: Prometheus {gauge}, ClickHouse {rows}")
+    assert set(gauge) == set(rows) == {LLAMA, QWEN}
+    assert all(rows[m] > 0 and abs(gauge[m] - rows[m]) <= 0.01 * rows[m] for m in rows)
