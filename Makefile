@@ -11,7 +11,7 @@ TEST_MARKERS ?= not gpu
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-vllm infra test mutants test-unit test-e2e lint format up down status demo bench bench-engine-modes report costmodel router-eval \
+.PHONY: help install install-vllm infra prom-tools test mutants test-unit test-e2e lint format up down status demo bench bench-engine-modes report explain-latency costmodel router-eval \
         experiments experiments-quick gpu-smoke \
         compose-up compose-down clean
 
@@ -32,7 +32,10 @@ install-vllm: ## build the cached real-vLLM-on-CPU env and model (~/.cache/llm-i
 infra: ## make sure NATS (JetStream) and Redis run on localhost (starts them if not)
 	bash scripts/ensure-infra.sh
 
-test: install infra install-vllm ## run every tier that runs here: unit, integration, e2e, vllm_cpu
+prom-tools: ## make sure prometheus, promtool, prometheus-alertmanager and amtool are installed (the rule and alerting tests run them)
+	bash scripts/ensure-prometheus.sh
+
+test: install infra prom-tools install-vllm ## run every tier that runs here: unit, integration, e2e, vllm_cpu
 	$(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS)
 
 mutants: install infra ## break the code on purpose (tests/mutations.toml) and require the guarding tests to fail
@@ -85,6 +88,9 @@ bench-engine-modes: install install-vllm infra ## worker-vllm on real vLLM (CPU)
 report: install ## accounting reports: reports/sql/*.sql -> reports/out/ tables + PNG plots (via the service on :8086, else its chdb dir)
 	$(PY) -m llmlab_accounting.report
 
+explain-latency: install ## where one request's time went: make explain-latency REQUEST_ID=... (or SLOWEST=1), from the accounting rows
+	$(PY) -m llmlab_accounting.explain --url $${LLMLAB_ACCOUNTING_URL:-http://127.0.0.1:8086} $(if $(SLOWEST),--slowest,$(REQUEST_ID))
+
 costmodel: install ## §11 cost model: engine-twin throughput sweeps, scenario table and plot -> results/costmodel
 	$(PY) -m llmlab_lab.costmodel_cli --scenarios configs/costmodel.yaml --out results/costmodel --run-twin
 
@@ -108,3 +114,19 @@ compose-down: ## stop the compose stack
 
 clean: down ## remove .run and caches (keeps .venv and the vLLM cache)
 	rm -rf .run .pytest_cache .mypy_cache .ruff_cache
+
+# -- dashboards as code (lab/llmlab_lab/dashboards; docs/observability.md, "Dashboards") -----------
+.PHONY: dashboards dashboards-import dashboard-snapshot
+PROMETHEUS_URL ?= http://127.0.0.1:9090
+SNAPSHOT_ARGS ?= --last 10m
+
+dashboards: install ## regenerate the Grafana dashboards' JSON -> infra/grafana/dashboards/ (make test fails while it is stale)
+	$(PY) -m llmlab_lab.dashboards generate --out infra/grafana/dashboards
+
+# GRAFANA_TOKEN (command line or environment) reaches the command through its environment, not its arguments.
+dashboards-import: install ## upload the dashboards into a running Grafana: GRAFANA_URL=http://host:3000 [GRAFANA_TOKEN=...] [GRAFANA_FOLDER=...]
+	@test -n "$(GRAFANA_URL)" || { echo "usage: make dashboards-import GRAFANA_URL=http://host:3000 [GRAFANA_TOKEN=...]" >&2; exit 2; }
+	$(PY) -m llmlab_lab.dashboards import --url "$(GRAFANA_URL)" $(if $(GRAFANA_FOLDER),--folder "$(GRAFANA_FOLDER)")
+
+dashboard-snapshot: install ## every dashboard row as a PNG from Prometheus -> reports/out/dashboards/ (PROMETHEUS_URL=..., SNAPSHOT_ARGS=--last 10m)
+	$(PY) -m llmlab_lab.dashboards snapshot --prometheus "$(PROMETHEUS_URL)" $(SNAPSHOT_ARGS) --out reports/out/dashboards

@@ -4,7 +4,12 @@
    a completion, and what errors look like;
 2. a load run with our SSE client (its own process) on both simulated deployments at once;
 3. a report under results/: demo-<ts>.md (table + queue/prefill/decode attribution from the
-   workers' metrics), demo-<ts>.json (raw) and demo-<ts>.png (TTFT distribution, tokens/s).
+   workers' metrics), demo-<ts>.json (raw) and demo-<ts>.png (TTFT distribution, tokens/s);
+4. (printed as 5.) the cost report, after attributing the run's GPU time (accounting's
+   /admin/v1/attribute), under results/demo-<ts>-cost/;
+5. (6.) the Grafana dashboards' panels over the run, rendered from Prometheus into one PNG per row
+   under results/demo-<ts>-dashboards/ (when `make up` could start Prometheus);
+6. (7.) where the slowest request's time went (python -m llmlab_accounting.explain --slowest).
 
 Figures come from the engine simulator, not a GPU, and are labelled so.
 """
@@ -154,12 +159,17 @@ def routing_tour(base: str) -> None:
         say("    " + (out.stdout or out.stderr).strip().replace("\n", "\n    "))
 
 
-def cost_report(out: Path) -> None:
-    """Every request above went through accounting into ClickHouse (chdb): run the SQL reports."""
-    port = os.environ.get("ACCOUNTING_PORT", "8086")
-    base = f"http://127.0.0.1:{port}"
+ACCOUNTING = f"http://127.0.0.1:{os.environ.get('ACCOUNTING_PORT', '8086')}"
+PROMETHEUS = f"http://127.0.0.1:{os.environ.get('PROMETHEUS_PORT', '9090')}"
+ADMIN = {"Authorization": "Bearer sk-admin-dev"}  # the documented dev admin key (refused in prod)
+
+
+def cost_report(out: Path, since: float) -> None:
+    """Every request above went through accounting into ClickHouse (chdb): attribute the demo's
+    GPU time now (the attribution loop would reach it only a period plus its lag after the run),
+    then run the SQL reports."""
+    base, auth = ACCOUNTING, ADMIN
     sql = {"sql": "SELECT count() FROM attempts"}
-    auth = {"Authorization": "Bearer sk-admin-dev"}  # the documented dev admin key (refused in prod)
     last, stable = -1, 0
     for _ in range(60):  # until the count stops growing (batches land within a second or two)
         try:
@@ -172,16 +182,88 @@ def cost_report(out: Path) -> None:
             break
         last = n
         time.sleep(0.5)
-    say(f"\n== 5. cost report: {last} attempts in ClickHouse (chdb) -> {out}/ (make report runs the same)")
-    subprocess.run(
-        [sys.executable, "-m", "llmlab_accounting.report", "--url", base, "--out", str(out)],
-        check=True,
-        timeout=300,
-        stdout=subprocess.DEVNULL,
+    r = httpx.post(base + "/admin/v1/attribute", json={"start": since}, headers=auth, timeout=120)
+    r.raise_for_status()
+    a = r.json()
+    say(
+        f"\n== 5. cost report: {last} attempts in ClickHouse (chdb); GPU time attributed for the demo's "
+        f"{a['periods']} period(s): ${a['gpu_cost_usd']:.4f} of GPU time (simulated GPUs at catalog prices) "
+        f"-> {out}/ (make report runs the same)"
     )
+    # Its progress lines (one per report) would bury the table below: shown only if it fails.
+    r = subprocess.run(
+        [sys.executable, "-m", "llmlab_accounting.report", "--url", base, "--out", str(out)],
+        timeout=300,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if r.returncode != 0:
+        say(f"  report failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+        return
     table = out / "cost_by_model_day.md"
     if table.exists():
         say(table.read_text().strip())
+
+
+def dashboards(since: float, out: Path) -> None:
+    """The Grafana dashboards' panels over the demo, rendered from Prometheus (no Grafana here)."""
+    try:
+        httpx.get(PROMETHEUS + "/-/ready", timeout=2).raise_for_status()
+    except httpx.HTTPError:
+        say(f"\n== 6. dashboards: no Prometheus at {PROMETHEUS} (see `make up`'s output); snapshot skipped")
+        return
+    time.sleep(6)  # one more scrape and rule evaluation after the last request
+    end = time.time()
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmlab_lab.dashboards",
+            "snapshot",
+            "--prometheus",
+            PROMETHEUS,
+            "--start",
+            str(since),
+            "--end",
+            str(end),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if r.returncode != 0:
+        say(f"\n== 6. dashboards: snapshot failed: {r.stderr.strip()[-500:]}")
+        return
+    say(f"\n== 6. dashboards (every panel's query over the demo, from Prometheus at {PROMETHEUS}): {out}/")
+    for png in sorted(out.glob("*.png")):
+        say(f"  {png}")
+
+
+def explain_slowest(since: float) -> None:
+    minutes = (time.time() - since) / 60 + 1
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmlab_accounting.explain",
+            "--url",
+            ACCOUNTING,
+            "--slowest",
+            "--since-minutes",
+            f"{minutes:.1f}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    say("\n== 7. where the slowest request's time went (python -m llmlab_accounting.explain --slowest):")
+    say(r.stdout.rstrip() if r.returncode == 0 else f"  unavailable: {r.stderr.strip()[-300:]}")
+    say("   any request: make explain-latency REQUEST_ID=<its X-Request-Id>")
 
 
 def worker_phases() -> dict[str, dict[str, float]]:
@@ -383,7 +465,9 @@ def main() -> int:
     md = report(results, phases, args.out, stamp, started, time.monotonic() - t0)
     say(f"\n== 4. report: {md} (+ .json, .png)")
     say(md.read_text().split("## Metadata")[0])
-    cost_report(args.out / f"demo-{stamp}-cost")
+    cost_report(args.out / f"demo-{stamp}-cost", started.timestamp())
+    dashboards(started.timestamp(), args.out / f"demo-{stamp}-dashboards")
+    explain_slowest(started.timestamp())
     say(f"The stack is still up: point any OpenAI client at {args.gateway}/v1 (key in {RUN_DIR / 'api-key'}).")
     say("`make down` stops it.")
     return 0 if all(r["summary"]["requests"]["failed"] == 0 for r in results) else 1

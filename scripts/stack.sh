@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole stack as native processes (no Docker needed): two simulated engines (vLLM and
 # SGLang flavours), one worker per engine, the budget and accounting services, the router, the
-# gateway. `up` is idempotent; `down` drains them with SIGTERM. Logs and pids under .run/. Ports can be changed with the variables below.
+# gateway, and Prometheus + Alertmanager where they can be installed. `up` is idempotent; `down` drains them with SIGTERM. Logs and pids under .run/. Ports can be changed with the variables below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -14,6 +14,8 @@ SIM_VLLM_PORT="${SIM_VLLM_PORT:-8001}"
 SIM_SGLANG_PORT="${SIM_SGLANG_PORT:-8002}"
 WORKER_VLLM_PORT="${WORKER_VLLM_PORT:-8091}"
 WORKER_SGLANG_PORT="${WORKER_SGLANG_PORT:-8092}"
+PROMETHEUS_PORT="${PROMETHEUS_PORT:-9090}"
+ALERTMANAGER_PORT="${ALERTMANAGER_PORT:-9093}"
 SIM_TTFT_MS="${SIM_TTFT_MS:-100}"
 SIM_ITL_MS="${SIM_ITL_MS:-30}"
 export LLMLAB_NAMESPACE="${LLMLAB_NAMESPACE:-llmlab}"
@@ -66,12 +68,49 @@ up() {
   start gateway "http://127.0.0.1:$GATEWAY_PORT/ready" LLMLAB_GATEWAY_PORT="$GATEWAY_PORT" \
     LLMLAB_GATEWAY_AUTH=budget LLMLAB_GATEWAY_ROUTER=service \
     LLMLAB_GATEWAY_DECISION_LOG="$RUN/gateway-decisions.jsonl" -- $PY -m llmlab_gateway
+  monitoring_up
   log "up: gateway at http://127.0.0.1:$GATEWAY_PORT/v1 (API key in $RUN/api-key), budget admin API at" \
     "http://127.0.0.1:$BUDGET_PORT/admin/v1 (dev admin key sk-admin-dev), namespace $LLMLAB_NAMESPACE"
 }
 
+# Prometheus (Debian's, scripts/ensure-prometheus.sh) scraping the native stack with the project's
+# rules, and Alertmanager: optional, skipped with a note where they cannot be installed.
+prometheus_config() {
+  local repo; repo=$(pwd)
+  cat <<EOF
+# Written by scripts/stack.sh for the native stack (docker compose uses infra/prometheus/prometheus.yml).
+global: {scrape_interval: 5s, scrape_timeout: 4s, evaluation_interval: 5s}
+rule_files: ["$repo/infra/prometheus/rules/*.yml"]
+alerting:
+  alertmanagers: [{static_configs: [{targets: ["127.0.0.1:$ALERTMANAGER_PORT"]}]}]
+scrape_configs:
+  - {job_name: gateway, static_configs: [{targets: ["127.0.0.1:$GATEWAY_PORT"]}]}
+  - {job_name: workers, static_configs: [{targets: ["127.0.0.1:$WORKER_VLLM_PORT", "127.0.0.1:$WORKER_SGLANG_PORT"]}]}
+  - {job_name: engines, static_configs: [{targets: ["127.0.0.1:$SIM_VLLM_PORT", "127.0.0.1:$SIM_SGLANG_PORT"], labels: {source: sim}}]}
+  - {job_name: budget, static_configs: [{targets: ["127.0.0.1:$BUDGET_PORT"]}]}
+  - {job_name: router, static_configs: [{targets: ["127.0.0.1:$ROUTER_PORT"]}]}
+  - {job_name: accounting, static_configs: [{targets: ["127.0.0.1:$ACCOUNTING_PORT"]}]}
+EOF
+}
+
+monitoring_up() {
+  if ! bash scripts/ensure-prometheus.sh >/dev/null 2>&1; then
+    log "Prometheus/Alertmanager not installed (scripts/ensure-prometheus.sh needs root or apt): no dashboard snapshot"
+    return
+  fi
+  mkdir -p "$RUN/prometheus" "$RUN/alertmanager"
+  prometheus_config >"$RUN/prometheus.yml"
+  start alertmanager "http://127.0.0.1:$ALERTMANAGER_PORT/-/ready" -- prometheus-alertmanager \
+    --config.file=infra/alertmanager/alertmanager.yml --storage.path="$RUN/alertmanager" \
+    --web.listen-address="127.0.0.1:$ALERTMANAGER_PORT" --cluster.listen-address=
+  start prometheus "http://127.0.0.1:$PROMETHEUS_PORT/-/ready" -- prometheus \
+    --config.file="$RUN/prometheus.yml" --storage.tsdb.path="$RUN/prometheus" \
+    --web.listen-address="127.0.0.1:$PROMETHEUS_PORT"
+  log "Prometheus at http://127.0.0.1:$PROMETHEUS_PORT (rules loaded), Alertmanager at http://127.0.0.1:$ALERTMANAGER_PORT"
+}
+
 down() {
-  for name in gateway router budget accounting worker-vllm worker-sglang sim-vllm sim-sglang; do
+  for name in prometheus alertmanager gateway router budget accounting worker-vllm worker-sglang sim-vllm sim-sglang; do
     if alive "$name"; then
       kill -TERM "$(cat "$RUN/$name.pid")"
       for _ in $(seq 1 100); do alive "$name" || break; sleep 0.1; done
@@ -83,7 +122,7 @@ down() {
 }
 
 status() {
-  for name in sim-vllm sim-sglang worker-vllm worker-sglang budget accounting router gateway; do
+  for name in sim-vllm sim-sglang worker-vllm worker-sglang budget accounting router gateway alertmanager prometheus; do
     if alive "$name"; then echo "$name: running (pid $(cat "$RUN/$name.pid"))"; else echo "$name: stopped"; fi
   done
 }

@@ -66,6 +66,8 @@ def test_demo_runs_end_to_end_and_writes_its_report(tmp_path: Path) -> None:
                 "SIM_SGLANG_PORT",
                 "WORKER_VLLM_PORT",
                 "WORKER_SGLANG_PORT",
+                "PROMETHEUS_PORT",
+                "ALERTMANAGER_PORT",
             )
         },
     }
@@ -109,6 +111,22 @@ def test_demo_runs_end_to_end_and_writes_its_report(tmp_path: Path) -> None:
             assert by_model.get(model, 0) >= streams * per_stream, by_model
         (cost_dir,) = (tmp_path / "results").glob("demo-*-cost")
         assert "meta-llama/Llama-3.1-8B-Instruct" in (cost_dir / "cost_by_model_day.md").read_text()
+        # The run's GPU time is attributed before the report, not a period and its lag later.
+        gpu = re.search(r"GPU time attributed for the demo's \d+ period\(s\): \$([0-9.]+)", out.stdout)
+        assert gpu is not None and float(gpu.group(1)) > 0, out.stdout[-3000:]
+        gpu_rows = accounting_sql(port, "SELECT sum(gpu_cost_usd) FROM gpu_attribution FINAL")[0][0]
+        assert gpu_rows > 0
+        # It ends pointing at the dashboards (one PNG per row, every one printed) and at the split
+        # of its slowest request.
+        (dash_dir,) = (tmp_path / "results").glob("demo-*-dashboards")
+        pngs = sorted(dash_dir.glob("*.png"))
+        assert len(pngs) >= 6 and all(str(p) in out.stdout for p in pngs), out.stdout[-3000:]
+        assert "where the slowest request's time went" in out.stdout
+        assert re.search(r"request \S+: completed on \S+, attempt 1", out.stdout), out.stdout[-3000:]
+        assert "gateway: auth + reserve" in out.stdout and "decode" in out.stdout
+        # Its output is for a person: no HTTP client request log lines, no warnings.
+        assert "HTTP Request:" not in out.stdout + out.stderr
+        assert "Warning" not in out.stdout + out.stderr, (out.stdout + out.stderr)[-3000:]
     finally:
         subprocess.run(["bash", "scripts/stack.sh", "down"], cwd=REPO, env=env, timeout=60)
         asyncio.run(

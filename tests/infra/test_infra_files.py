@@ -294,7 +294,9 @@ def test_mounted_config_files_exist() -> None:
         for volume in svc.get("volumes", []):
             source = str(volume).split(":", 1)[0]
             if source.startswith("./"):
-                assert (REPO / source).is_file(), f"{name} mounts missing {source}"
+                # A file, or a directory of them (rules, dashboards, provisioning) that is not empty.
+                path = REPO / source
+                assert path.is_file() or (path.is_dir() and any(path.iterdir())), f"{name} mounts missing {source}"
             elif not source.startswith(("/", "$", "~")):
                 assert source in (COMPOSE.get("volumes") or {}), f"{name}: named volume {source} not declared"
 
