@@ -407,6 +407,13 @@ SCHEDULER = Row(
             about="Attempts waiting in NATS for a worker (pending) and taken but not yet acked, per pool.",
         ),
         _p(
+            "Queued attempts by priority",
+            COUNT,
+            _t(f"sum by (pool, priority) (llmlab_gateway_queued_attempts{P})", "{{pool}} priority {{priority}}"),
+            about="Attempts the gateways published that no worker has taken yet, per pool and plan priority "
+            "(JetStream's pending count cannot tell priorities apart).",
+        ),
+        _p(
             "Queue time p95",
             SECONDS,
             _t(f"llmlab:worker_nats_queue_seconds:p95_5m{P}", "NATS {{pool}}"),

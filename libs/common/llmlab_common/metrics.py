@@ -39,6 +39,7 @@ LABEL_ALLOW_LIST: frozenset[str] = frozenset(
         "why",
         "step",
         "pool",
+        "priority",  # a plan's priority from the catalog (a handful of small integers)
         "engine",
         "outcome",
         "policy",

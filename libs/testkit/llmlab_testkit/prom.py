@@ -95,14 +95,20 @@ def start_prometheus(
     if alertmanager:
         config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
     (workdir / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
-    proc = ManagedProcess(
+    proc = _start(
+        port,
         "prometheus",
-        [
-            "prometheus",
-            f"--config.file={workdir / 'prometheus.yml'}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
+        f"--config.file={workdir / 'prometheus.yml'}",
+        f"--storage.tsdb.path={workdir / 'data'}",
+    )
+    return Prometheus(proc, f"http://127.0.0.1:{port}", workdir)
+
+
+def _start(port: int, binary: str, *args: str) -> ManagedProcess:
+    """Start a Prometheus-family binary on ``port`` and wait until it says it is ready."""
+    proc = ManagedProcess(
+        binary,
+        [binary, *args, f"--web.listen-address=127.0.0.1:{port}"],
         {},
         ready_url=f"http://127.0.0.1:{port}/-/ready",
     ).start()
@@ -111,7 +117,7 @@ def start_prometheus(
     except BaseException:
         proc.stop()
         raise
-    return Prometheus(proc, f"http://127.0.0.1:{port}", workdir)
+    return proc
 
 
 @dataclass
@@ -140,21 +146,11 @@ def start_alertmanager(webhook_url: str) -> Alertmanager:
         "receivers": [{"name": "test", "webhook_configs": [{"url": webhook_url}]}],
     }
     (workdir / "alertmanager.yml").write_text(json.dumps(config))
-    proc = ManagedProcess(
-        "alertmanager",
-        [
-            "prometheus-alertmanager",
-            f"--config.file={workdir / 'alertmanager.yml'}",
-            f"--storage.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",
-        ],
-        {},
-        ready_url=f"http://127.0.0.1:{port}/-/ready",
-    ).start()
-    try:
-        proc.wait_ready(30)
-    except BaseException:
-        proc.stop()
-        raise
+    proc = _start(
+        port,
+        "prometheus-alertmanager",
+        f"--config.file={workdir / 'alertmanager.yml'}",
+        f"--storage.path={workdir / 'data'}",
+        "--cluster.listen-address=",
+    )
     return Alertmanager(proc, f"127.0.0.1:{port}", workdir)

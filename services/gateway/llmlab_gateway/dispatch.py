@@ -55,6 +55,14 @@ class _Inflight:
     lost_reported: bool = False
     done: bool = False
     last_msg_at: float = field(default_factory=time.monotonic)
+    queued: Any = None  # the queued-attempts gauge child while no worker has taken it yet
+
+
+def _taken(inf: _Inflight) -> None:
+    """The attempt left the queue (a worker took it, or the gateway gave up on it): count it once."""
+    if inf.queued is not None:
+        inf.queued.dec()
+        inf.queued = None
 
 
 class _Handle:
@@ -105,6 +113,14 @@ class NatsDispatcher:
             "gateway_stale_messages_total", "Token messages dropped: unknown request or an old attempt"
         )
         self.workers_gauge = metrics.gauge("gateway_live_workers", "Ready workers seen by heartbeat", ("pool",))
+        # JetStream's pending count (the router's gauge) cannot tell priorities apart: the subjects
+        # are per pool. Each gateway knows the priority of what it published and no worker took yet.
+        self._queued = metrics.gauge(
+            "gateway_queued_attempts",
+            "Attempts this gateway published that no worker has taken yet, by pool and priority",
+            ("pool", "priority"),
+        )
+        self._queued_children: dict[tuple[str, int], Any] = {}
         self._batch_subject = topo.token_batch_subject(gateway_id)
 
     async def start(self) -> None:
@@ -134,6 +150,9 @@ class NatsDispatcher:
 
     async def dispatch(self, req: InferenceRequest, target: RouteTarget) -> _Handle:
         inf = _Inflight(attempt=req.attempt, target_worker=target.worker_id)
+        previous = self.inflight.get(req.request_id)
+        if previous is not None:
+            _taken(previous)  # a fallback replaces an attempt nobody took
         # Register before publishing: the first token can beat the publish ack.
         self.inflight[req.request_id] = inf
         req.reply_subject = self.topo.token_subject(self.gateway_id, req.request_id)
@@ -149,12 +168,23 @@ class NatsDispatcher:
                 f"Request of {len(payload)} bytes exceeds the message bus limit of {self.nc.max_payload} bytes "
                 "(NATS max_payload)."
             )
-        await self.js.publish(
-            subject,
-            payload,
-            headers={"Nats-Msg-Id": attempt_msg_id(req.request_id, req.attempt)},
-            timeout=5,
-        )
+        key = (req.pool, req.priority)
+        child = self._queued_children.get(key)
+        if child is None:
+            child = self._queued_children[key] = self._queued.labels(req.pool, str(req.priority))
+        if inf.next_seq == 0:  # not taken while we were registering it
+            inf.queued = child
+            child.inc()
+        try:
+            await self.js.publish(
+                subject,
+                payload,
+                headers={"Nats-Msg-Id": attempt_msg_id(req.request_id, req.attempt)},
+                timeout=5,
+            )
+        except BaseException:
+            _taken(inf)
+            raise
         return _Handle(inf)
 
     def cancel(self, request_id: str, attempt: int | None, reason: str) -> None:
@@ -165,6 +195,7 @@ class NatsDispatcher:
         inf = self.inflight.pop(request_id, None)
         if inf is not None:
             inf.done = True
+            _taken(inf)
 
     def record_attempt(self, event: AttemptEvent) -> None:
         self._spawn(
@@ -223,6 +254,7 @@ class NatsDispatcher:
         if m.attempt != inf.attempt:
             self.stale.inc()  # a stale attempt never writes into the client's stream
             return
+        _taken(inf)  # any message of the attempt: a worker has it
         if m.seq != inf.next_seq:
             if m.seq < inf.next_seq:
                 return  # duplicate

@@ -84,3 +84,67 @@ async def test_a_lone_message_on_its_request_subject_still_works() -> None:
     d.inflight["r1"] = r1
     await d._on_token(cast(Any, FakeMsg(T.token_subject("gw1", "r1"), _started("r1", 1))))
     assert isinstance(r1.queue.get_nowait(), StreamStarted)
+
+
+class FakeJS:
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+
+    async def publish(self, *_: Any, **__: Any) -> None:
+        if self.fail:
+            raise TimeoutError("no ack")
+
+
+class FakeNC:
+    max_payload = 1 << 20
+
+
+def _queued(m: Metrics) -> dict[tuple[str, str], float]:
+    out = {}
+    for fam in m.registry.collect():
+        if fam.name == "llmlab_gateway_queued_attempts":
+            out = {(s.labels["pool"], s.labels["priority"]): s.value for s in fam.samples}
+    return out
+
+
+async def test_queued_attempts_count_what_no_worker_took_by_pool_and_priority() -> None:
+    """Catches: an attempt counted as queued after a worker took it, after the gateway gave up on
+    it (fallback, release) or after its publish failed: the per-priority queue depth would only grow."""
+    from llmlab_common.messages import InferenceRequest, RouteTarget, SamplingParams
+
+    metrics = Metrics("llmlab")
+    d = NatsDispatcher(
+        cast(Any, FakeNC()),
+        cast(Any, FakeJS()),
+        T,
+        "gw1",
+        LiveState(),
+        metrics,
+        discovery_grace_s=0,
+        sweep_interval_s=1,
+    )
+
+    def req(rid: str, attempt: int, priority: int, pool: str = "gpu-vllm") -> InferenceRequest:
+        return InferenceRequest(
+            request_id=rid, attempt=attempt, gateway_id="gw1", reply_subject="", endpoint="chat", model="m",
+            deployment="d", pool=pool, params=SamplingParams(max_tokens=4), priority=priority,
+            created_at=0, dispatched_at=0, start_deadline=1e12, deadline=1e12,
+        )  # fmt: skip
+
+    target = RouteTarget(deployment="d", pool="gpu-vllm")
+    await d.dispatch(req("a", 1, 2), target)
+    await d.dispatch(req("b", 1, 2), target)
+    await d.dispatch(req("c", 1, 0), target)
+    assert _queued(metrics) == {("gpu-vllm", "2"): 2, ("gpu-vllm", "0"): 1}
+    await d._on_token(cast(Any, FakeMsg(T.token_subject("gw1", "a"), _started("a", 1))))  # taken
+    await d.dispatch(req("b", 2, 2, pool="gpu-sglang"), RouteTarget(deployment="d", pool="gpu-sglang"))  # fallback
+    d.release("c")  # the gateway gave up on it
+    assert _queued(metrics) == {("gpu-vllm", "2"): 0, ("gpu-vllm", "0"): 0, ("gpu-sglang", "2"): 1}
+    await d._on_token(cast(Any, FakeMsg(T.token_subject("gw1", "b"), _started("b", 2))))
+    d.release("a")
+    d.release("b")  # released after being taken: not counted down twice
+    assert set(_queued(metrics).values()) == {0}
+    d.js = cast(Any, FakeJS(fail=True))
+    with pytest.raises(TimeoutError):
+        await d.dispatch(req("e", 1, 1), target)
+    assert _queued(metrics)[("gpu-vllm", "1")] == 0
