@@ -254,7 +254,9 @@ SERVICE_HEALTH = Row(
             "Restarts (1 h)",
             COUNT,
             _t("sum by (job) (changes(process_start_time_seconds[1h]))", "{{job}}"),
-            about="Process restarts in the last hour (a change of the start time; an OOM kill shows here).",
+            _t("max(increase(llmlab_host_oom_kills_total[1h]))", "host OOM kills"),
+            about="Process restarts in the last hour (a change of the start time), and the kernel's OOM "
+            "kills on the host in the same hour: both rising together is an OOM kill.",
         ),
         _p(
             "Open file descriptors",

@@ -153,7 +153,7 @@ class BulkHistogram:
 
 
 def add_process_collectors(registry: CollectorRegistry, namespace: str = "llmlab") -> None:
-    """prometheus_client's process collector (``process_*``) and the network counters on
+    """prometheus_client's process collector (``process_*``), the network and host OOM counters on
     ``registry``, once per registry (a second :class:`Metrics` on the same registry adds nothing;
     prometheus_client's global registry has its own process collector already)."""
     if registry in _WITH_PROCESS:
@@ -162,6 +162,7 @@ def add_process_collectors(registry: CollectorRegistry, namespace: str = "llmlab
     if registry is not REGISTRY:
         ProcessCollector(registry=registry)
     registry.register(NetworkCollector(namespace))
+    registry.register(HostOomCollector(namespace))
 
 
 def parse_net_dev(text: str) -> tuple[int, int] | None:
@@ -214,6 +215,32 @@ class NetworkCollector:
             "Bytes sent in the process's network namespace (loopback excluded)",
             value=tx,
         )
+
+
+class HostOomCollector:
+    """``<ns>_host_oom_kills_total``: the kernel's count of OOM kills on this host (or VM) since
+    boot, ``oom_kill`` of ``/proc/vmstat``. A process cannot count its own OOM kill (it is dead):
+    a rise of this counter beside a restart (``process_start_time_seconds``) says the restart was
+    one. On Kubernetes the kubelet's view is kube-state-metrics'
+    ``kube_pod_container_status_last_terminated_reason{reason="OOMKilled"}``. Absent where the
+    kernel does not export it."""
+
+    def __init__(self, namespace: str = "llmlab", path: str | Path = "/proc/vmstat") -> None:
+        self.prefix = f"{namespace}_" if namespace else ""
+        self.path = Path(path)
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            text = self.path.read_text()
+        except OSError:
+            return
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                yield CounterMetricFamily(
+                    f"{self.prefix}host_oom_kills", "OOM kills by the kernel on this host since boot", value=int(value)
+                )
+                return
 
 
 def check_exposition(text: str) -> list[str]:

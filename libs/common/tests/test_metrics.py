@@ -22,6 +22,7 @@ from llmlab_common.metrics import (
     ITL_BUCKETS,
     LABEL_ALLOW_LIST,
     MAX_SERIES_PER_FAMILY,
+    HostOomCollector,
     Metrics,
     NetworkCollector,
     check_exposition,
@@ -78,6 +79,18 @@ def test_network_bytes_sum_every_interface_but_loopback_and_are_absent_without_t
     fams = {m.name: m.samples[0].value for m in NetworkCollector("llmlab", f).collect()}
     assert fams == {"llmlab_process_network_receive_bytes": 1024, "llmlab_process_network_transmit_bytes": 206}
     assert list(NetworkCollector("llmlab", tmp_path / "missing").collect()) == []
+
+
+def test_host_oom_kills_come_from_the_kernels_counter_and_are_absent_without_it(tmp_path: Path) -> None:
+    """Catches: another vmstat line read as the OOM count (oom_kill_disable-like prefixes), or a
+    kernel without the counter failing the scrape."""
+    f = tmp_path / "vmstat"
+    f.write_text("nr_free_pages 12\noom_kill_extra 9\noom_kill 3\npgfault 5\n")
+    (fam,) = HostOomCollector("llmlab", f).collect()
+    assert (fam.name, fam.samples[0].value) == ("llmlab_host_oom_kills", 3)
+    f.write_text("nr_free_pages 12\n")
+    assert list(HostOomCollector("llmlab", f).collect()) == []
+    assert list(HostOomCollector("llmlab", tmp_path / "missing").collect()) == []
 
 
 def test_check_exposition_flags_labels_outside_the_allow_list_and_oversized_families() -> None:
