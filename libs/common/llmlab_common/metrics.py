@@ -1,8 +1,9 @@
 """Prometheus helpers: one registry per app (tests run several apps in one process) and the
 conventions in one place (``_total`` counters, ``_seconds`` histograms, bounded labels only).
 
-Every :class:`Metrics` registry also carries prometheus_client's process collector (``process_*``)
-and :class:`NetworkCollector` (``llmlab_process_network_*_bytes_total``). The label rules of
+Every :class:`Metrics` registry also carries prometheus_client's process collector (``process_*``),
+:class:`NetworkCollector` (``llmlab_process_network_*_bytes_total``) and :class:`HostOomCollector`
+(``llmlab_host_oom_kills_total``). The label rules of
 ``docs/observability.md`` are written here once (:data:`LABEL_ALLOW_LIST`,
 :data:`MAX_SERIES_PER_FAMILY`) and checked on a scrape by :func:`check_exposition`."""
 

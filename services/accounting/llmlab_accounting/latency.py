@@ -24,6 +24,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+# Accepted -> the worker's terminal message, in SQL over the ``attempts`` view (what
+# :attr:`LatencySplit.total_s` is from one row).
+TOTAL_SQL = "dispatch_offset_s + nats_queue_s + e2e_s"
+
 # The columns of the ``attempts`` view the split reads, in this order.
 COLUMNS = (
     "attempt",
@@ -122,7 +126,7 @@ def split(request_id: str, rows: Sequence[Mapping[str, Any]]) -> LatencySplit | 
         ),
         Phase("NATS queue", nats, "published → a worker took it"),
         Phase("worker intake + terminal publish", _minus(e2e, ttft, decode), "worker time outside the engine call"),
-        Phase("engine queue", None if queue is None else queue, queue_note),
+        Phase("engine queue", queue, queue_note),
         Phase("prefill", prefill, prefill_note),
         Phase("decode", decode, "first → last token"),
     ]

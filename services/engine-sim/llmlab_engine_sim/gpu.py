@@ -57,7 +57,6 @@ class GpuProfile:
         self.weight_bytes = 0.0
         self.kv_bytes_per_token = 0.0
         self.total_bytes = float(FALLBACK_MEMORY_BYTES)
-        self.known = False
         try:
             p = kvcalc.plan_by_name(settings.twin_model, settings.twin_device, dtype=settings.twin_dtype)
         except Exception as exc:  # unknown model/device: an 80 GB device, no weights
@@ -66,7 +65,6 @@ class GpuProfile:
             self.weight_bytes = float(p.weight_bytes_per_gpu)
             self.kv_bytes_per_token = float(p.kv_bytes_per_token_per_gpu)
             self.total_bytes = float(p.device_memory_bytes)
-            self.known = True
 
     def families(self, util: float, used_bytes: float) -> Iterator[GaugeMetricFamily]:
         """The four DCGM families for a utilisation (0..1) and the framebuffer bytes in use."""
