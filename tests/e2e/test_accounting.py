@@ -25,8 +25,9 @@ import pytest
 import yaml
 from llmlab_common.natsio import connect
 from llmlab_common.subjects import Topology
-from llmlab_testkit.budget import DEV_ADMIN_KEY, BudgetAdmin
+from llmlab_testkit.budget import BudgetAdmin
 from llmlab_testkit.e2e import LLAMA, client, eventually, metric, sim_stats, stream_chat
+from llmlab_testkit.e2e import accounting_sql as sql
 from llmlab_testkit.procs import ManagedProcess, Stack, url
 
 pytestmark = pytest.mark.e2e
@@ -50,17 +51,6 @@ def list_usd(prompt: int, completion: int) -> float:
     """Hand calculation of a list cost: each token kind at its own price."""
     assert LLAMA_IN != LLAMA_OUT, "with equal prices a swap of input and output would not show"
     return (prompt * LLAMA_IN + completion * LLAMA_OUT) / 1e6
-
-
-def sql(acc: ManagedProcess, query: str) -> list[list[Any]]:
-    r = httpx.post(
-        url(acc) + "/admin/v1/query",
-        json={"sql": query},
-        headers={"Authorization": f"Bearer {DEV_ADMIN_KEY}"},
-        timeout=30,
-    )
-    assert r.status_code == 200, r.text
-    return r.json()["rows"]  # type: ignore[no-any-return]
 
 
 async def wait_rows(acc: ManagedProcess, query: str, want: Any, timeout: float = 30) -> None:
@@ -128,7 +118,10 @@ async def test_attempts_and_requests_rows_with_hand_calculated_costs(stack: Stac
         await eventually(lambda: len(sql(acc, raw)) >= 2, timeout=20, what="the retried request's events")
     except AssertionError:
         raise AssertionError(
-            (retried, sql(acc, "SELECT request_id, attempt, source, outcome, error_code FROM attempts_raw FINAL"))
+            (
+                retried,
+                sql(acc, "SELECT request_id, attempt, source, outcome, error_code FROM attempts_raw FINAL"),
+            )
         ) from None
     rows = {
         (r[0], r[1]): r[2:]

@@ -11,10 +11,9 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
+from llmlab_testkit.e2e import accounting_sql
 from llmlab_testkit.fixtures import _cleanup
 from llmlab_testkit.procs import free_port, unique_namespace
 
@@ -33,17 +32,6 @@ def demo_load() -> list[tuple[str, int, int, int]]:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return list(mod.LOAD)
-
-
-def accounting_sql(port: str, query: str) -> list[list[Any]]:
-    r = httpx.post(
-        f"http://127.0.0.1:{port}/admin/v1/query",
-        json={"sql": query},
-        headers={"Authorization": "Bearer sk-admin-dev"},  # the documented dev admin key
-        timeout=30,
-    )
-    assert r.status_code == 200, r.text
-    return r.json()["rows"]  # type: ignore[no-any-return]
 
 
 def test_demo_runs_end_to_end_and_writes_its_report(tmp_path: Path) -> None:
@@ -98,15 +86,15 @@ def test_demo_runs_end_to_end_and_writes_its_report(tmp_path: Path) -> None:
         printed = re.search(r"== 5\. cost report: (\d+) attempts in ClickHouse", out.stdout)
         assert printed is not None, out.stdout[-3000:]
         assert int(printed.group(1)) == answered
-        port = env["ACCOUNTING_PORT"]
+        acc = f"http://127.0.0.1:{env['ACCOUNTING_PORT']}"
         # One answered attempt per answered request, each model's load run all there.
-        assert accounting_sql(port, "SELECT count(), countIf(status_class = 'ok') FROM attempts") == [
+        assert accounting_sql(acc, "SELECT count(), countIf(status_class = 'ok') FROM attempts") == [
             [answered, answered]
         ]
-        assert accounting_sql(port, "SELECT count() FROM requests WHERE attempts = 1 AND status_class = 'ok'") == [
+        assert accounting_sql(acc, "SELECT count() FROM requests WHERE attempts = 1 AND status_class = 'ok'") == [
             [answered]
         ]
-        by_model = dict(map(tuple, accounting_sql(port, "SELECT model, count() FROM attempts GROUP BY model")))
+        by_model = dict(map(tuple, accounting_sql(acc, "SELECT model, count() FROM attempts GROUP BY model")))
         for model, streams, per_stream, _ in load:
             assert by_model.get(model, 0) >= streams * per_stream, by_model
         (cost_dir,) = (tmp_path / "results").glob("demo-*-cost")
@@ -114,7 +102,7 @@ def test_demo_runs_end_to_end_and_writes_its_report(tmp_path: Path) -> None:
         # The run's GPU time is attributed before the report, not a period and its lag later.
         gpu = re.search(r"GPU time attributed for the demo's \d+ period\(s\): \$([0-9.]+)", out.stdout)
         assert gpu is not None and float(gpu.group(1)) > 0, out.stdout[-3000:]
-        gpu_rows = accounting_sql(port, "SELECT sum(gpu_cost_usd) FROM gpu_attribution FINAL")[0][0]
+        gpu_rows = accounting_sql(acc, "SELECT sum(gpu_cost_usd) FROM gpu_attribution FINAL")[0][0]
         assert gpu_rows > 0
         # It ends pointing at the dashboards (one PNG per row, every one printed) and at the split
         # of its slowest request.

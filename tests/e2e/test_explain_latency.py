@@ -14,9 +14,8 @@ import time
 import pytest
 from llmlab_testkit.budget import BudgetAdmin
 from llmlab_testkit.e2e import LLAMA, eventually, stream_chat
+from llmlab_testkit.e2e import accounting_sql as sql
 from llmlab_testkit.procs import ManagedProcess, Stack, url
-
-from tests.e2e.test_accounting import sql
 
 pytestmark = pytest.mark.e2e
 TTFT_S, ITL_S = 0.3, 0.02

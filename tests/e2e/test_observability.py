@@ -26,11 +26,12 @@ import yaml
 from llmlab_common.metrics import LATENCY_BUCKETS, check_exposition
 from llmlab_testkit.budget import DEV_ADMIN_KEY, BudgetAdmin
 from llmlab_testkit.e2e import LLAMA, QWEN, client
+from llmlab_testkit.e2e import accounting_sql as sql
 from llmlab_testkit.fixtures import _cleanup
 from llmlab_testkit.procs import ManagedProcess, Stack, unique_namespace, url
 from llmlab_testkit.prom import RULES_DIR, Prometheus, binaries_missing, start_prometheus
 
-from tests.e2e.test_accounting import list_prices, sql
+from tests.e2e.test_accounting import list_prices
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]

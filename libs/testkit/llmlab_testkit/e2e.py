@@ -4,11 +4,13 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import httpx
 import openai
+from llmlab_common.metrics import Metrics
 
+from llmlab_testkit.budget import DEV_ADMIN_KEY
 from llmlab_testkit.fixtures import DEV_KEY
 from llmlab_testkit.procs import ManagedProcess, url
 
@@ -30,6 +32,28 @@ def metric(p: ManagedProcess, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[-1])
     return total
+
+
+def samples(m: Metrics, prefix: str = "") -> dict[str, float]:
+    """A registry's samples by their full key as rendered (name and labels, sorted by
+    prometheus_client), for exact assertions in-process; only the names starting with ``prefix``."""
+    out: dict[str, float] = {}
+    for line in m.render()[0].decode().splitlines():
+        if line and not line.startswith("#") and line.startswith(prefix):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def accounting_sql(acc: ManagedProcess | str, query: str) -> list[list[Any]]:
+    """Rows of a read-only query through the accounting service's admin endpoint (a process of the
+    stack, or its base URL), with the dev admin key."""
+    base = acc if isinstance(acc, str) else url(acc)
+    r = httpx.post(
+        base + "/admin/v1/query", json={"sql": query}, headers={"Authorization": f"Bearer {DEV_ADMIN_KEY}"}, timeout=30
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["rows"]
 
 
 def sim_stats(sim: ManagedProcess) -> dict[str, object]:

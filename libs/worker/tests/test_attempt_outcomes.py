@@ -26,6 +26,7 @@ from llmlab_common.messages import (
 )
 from llmlab_common.metrics import Metrics
 from llmlab_common.settings import DEFAULT_CATALOG
+from llmlab_testkit.e2e import samples
 from llmlab_worker.engine import EngineEvent, EngineRequestError, OpenAIEngineAdapter
 from llmlab_worker.lifecycle import Worker, _Running
 from llmlab_worker.settings import WorkerSettings
@@ -80,8 +81,8 @@ class FakeJS:
         self.events.append(AttemptEvent.model_validate_json(payload))
 
 
-def _worker(script: list[Any]) -> tuple[Worker, list[Any], FakeJS]:
-    settings = WorkerSettings(pool="gpu-vllm", worker_id="w1", max_concurrency=2, coalesce_ms=0)
+def _worker(script: list[Any], pool: str = "gpu-vllm") -> tuple[Worker, list[Any], FakeJS]:
+    settings = WorkerSettings(pool=pool, worker_id="w1", max_concurrency=2, coalesce_ms=0)
     w = Worker(settings, ScriptedEngine(script), load_catalog(DEFAULT_CATALOG), Metrics("llmlab"))
     sent: list[Any] = []
     w._attempt_ctx = dataclasses.replace(
@@ -234,3 +235,19 @@ async def test_admission_figures_and_engine_queue_reach_the_attempt_event() -> N
 
 def usage_event(usage: Usage) -> EngineEvent:
     return EngineEvent(at=time.monotonic(), finish_reason="stop", usage=usage)
+
+
+async def test_an_attempt_is_counted_under_its_pool_with_one_itl_per_gap() -> None:
+    """Catches: the ITL of an attempt reduced to one figure, or a family without the pool label."""
+    usage = Usage(prompt_tokens=4, completion_tokens=3, total_tokens=7)
+    script: list[Any] = ["a", 0.01, "b", 0.01, "c", usage_event(usage)]
+    w, _, _ = _worker(script, pool="gpu-sglang")
+    run = await _run(w, _req(model="Qwen/Qwen3-32B", deployment="qwen-32b-sglang", pool="gpu-sglang"))
+    assert run.task is not None
+    await run.task
+    s = samples(w.metrics)
+    assert s['llmlab_worker_attempts_total{outcome="completed",pool="gpu-sglang"}'] == 1
+    assert s['llmlab_worker_itl_seconds_count{pool="gpu-sglang"}'] == 2
+    assert s['llmlab_worker_completion_tokens_total{pool="gpu-sglang"}'] == 3
+    assert s['llmlab_worker_tpot_seconds_count{pool="gpu-sglang"}'] == 1
+    assert [k for k in s if k.startswith("llmlab_worker_") and 'pool="gpu-sglang"' not in k] == []

@@ -4,36 +4,18 @@ engine's own figures from its metrics, with a preemption counter that never goes
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import itertools
-import time
-from collections.abc import AsyncGenerator
-from typing import Any
 
 import pytest
-from llmlab_common.catalog import load_catalog
-from llmlab_common.messages import AttemptEvent, EngineLoad, InferenceRequest, SamplingParams, Timings, Usage
+from llmlab_common.messages import EngineLoad, Timings
 from llmlab_common.metrics import Metrics, check_exposition
-from llmlab_common.settings import DEFAULT_CATALOG
-from llmlab_worker.engine import EngineEvent, OpenAIEngineAdapter
-from llmlab_worker.lifecycle import EngineLoadCollector, Worker, WorkerMetrics, _Running
-from llmlab_worker.settings import WorkerSettings
+from llmlab_testkit.e2e import samples
+from llmlab_worker.lifecycle import EngineLoadCollector, WorkerMetrics
 from llmlab_worker_sglang.adapter import SglangAdapter
 from llmlab_worker_vllm.adapter import VllmAdapter
 from prometheus_client import generate_latest
 
 pytestmark = pytest.mark.unit
-
-
-def _samples(m: Metrics) -> dict[str, float]:
-    """Samples by full line key (name + labels), for exact assertions."""
-    out: dict[str, float] = {}
-    for line in generate_latest(m.registry).decode().splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
 
 
 def test_preemption_counter_stays_monotonic_when_the_engine_restarts() -> None:
@@ -54,7 +36,7 @@ def test_engine_gauges_carry_pool_and_engine_and_are_absent_while_unknown() -> N
     m = Metrics("llmlab")
     wm = WorkerMetrics(m, "gpu-vllm", "vllm")
     wm.engine.update(EngineLoad(running=3, waiting=1, kv_cache_usage=0.5, batch_size=2.5, preemptions_total=4))
-    s = _samples(m)
+    s = samples(m)
     labels = '{engine="vllm",pool="gpu-vllm"}'
     assert s["llmlab_worker_engine_running_requests" + labels] == 3
     assert s["llmlab_worker_engine_waiting_requests" + labels] == 1
@@ -63,7 +45,7 @@ def test_engine_gauges_carry_pool_and_engine_and_are_absent_while_unknown() -> N
     assert s["llmlab_worker_engine_preemptions_total" + labels] == 4
     assert not any(k.startswith("llmlab_worker_engine_prefix_cache_hit_ratio") for k in s)
     wm.engine.update(EngineLoad())  # engine lost: gauges gone, the counter stays
-    s = _samples(m)
+    s = samples(m)
     assert not any(k.startswith("llmlab_worker_engine_running_requests") for k in s)
     assert s["llmlab_worker_engine_preemptions_total" + labels] == 4
     assert check_exposition(generate_latest(m.registry).decode()) == []
@@ -78,7 +60,7 @@ def test_timings_feed_every_phase_and_itl_observes_every_gap() -> None:
         nats_queue_s=0.0, engine_queue_s=None, ttft_s=0.2, prefill_s=None, decode_s=0.06, e2e_s=0.3, tpot_s=0.02
     )
     wm.observe_timings(t, [10.0, 10.01, 10.03, 10.06])
-    s = _samples(m)
+    s = samples(m)
     p = '{pool="gpu-vllm"}'
     assert s["llmlab_worker_itl_seconds_count" + p] == 3
     assert s["llmlab_worker_itl_seconds_sum" + p] == pytest.approx(0.06)
@@ -117,74 +99,3 @@ def test_engine_load_reads_preemptions_and_the_batch_size_per_engine() -> None:
     )
     assert s.preemptions_total == 7.0
     assert EngineLoad.model_validate({"running": 1.0}).preemptions_total is None  # old heartbeats parse
-
-
-# -- a whole attempt through the worker ----------------------------------------------------------
-
-
-class _Engine(OpenAIEngineAdapter):
-    engine = "sglang"
-
-    def __init__(self, script: list[Any]) -> None:
-        self.script = script
-
-    async def stream(self, req: InferenceRequest) -> AsyncGenerator[EngineEvent, None]:
-        for item in self.script:
-            if isinstance(item, float):
-                await asyncio.sleep(item)
-            elif isinstance(item, EngineEvent):
-                yield item
-            else:
-                yield EngineEvent(at=time.monotonic(), text=item)
-
-
-class _Msg:
-    metadata = type("Meta", (), {"num_delivered": 1})()
-
-    async def ack(self) -> None: ...
-
-
-class _JS:
-    def __init__(self) -> None:
-        self.events: list[AttemptEvent] = []
-
-    async def publish(self, subject: str, payload: bytes, **_: Any) -> None:
-        self.events.append(AttemptEvent.model_validate_json(payload))
-
-
-async def test_an_attempt_is_counted_under_its_pool_with_one_itl_per_gap() -> None:
-    """Catches: the ITL of an attempt reduced to one figure, or a family without the pool label."""
-    usage = Usage(prompt_tokens=4, completion_tokens=3, total_tokens=7)
-    script: list[Any] = ["a", 0.01, "b", 0.01, "c", EngineEvent(at=time.monotonic(), finish_reason="stop", usage=usage)]
-    metrics = Metrics("llmlab")
-    settings = WorkerSettings(pool="gpu-sglang", worker_id="w1", max_concurrency=2, coalesce_ms=0)
-    w = Worker(settings, _Engine(script), load_catalog(DEFAULT_CATALOG), metrics)
-    w._attempt_ctx = dataclasses.replace(w._attempt_ctx, publish=lambda _s, _p: None)
-    w.js = _JS()  # type: ignore[assignment]
-    now = time.time()
-    req = InferenceRequest(
-        request_id="r1",
-        attempt=1,
-        gateway_id="g1",
-        reply_subject="tok",
-        endpoint="chat",
-        model="Qwen/Qwen3-32B",
-        deployment="qwen-32b-sglang",
-        pool="gpu-sglang",
-        messages=[{"role": "user", "content": "hi"}],
-        params=SamplingParams(max_tokens=8),
-        created_at=now,
-        dispatched_at=now,
-        start_deadline=now + 5,
-        deadline=now + 60,
-    )
-    await w.capacity.take_up_to(1)
-    run = _Running(req=req, msg=_Msg())  # type: ignore[arg-type]
-    w.running[("r1", 1)] = run
-    await w._run(run)
-    s = _samples(metrics)
-    assert s['llmlab_worker_attempts_total{outcome="completed",pool="gpu-sglang"}'] == 1
-    assert s['llmlab_worker_itl_seconds_count{pool="gpu-sglang"}'] == 2
-    assert s['llmlab_worker_completion_tokens_total{pool="gpu-sglang"}'] == 3
-    assert s['llmlab_worker_tpot_seconds_count{pool="gpu-sglang"}'] == 1
-    assert [k for k in s if k.startswith("llmlab_worker_") and 'pool="gpu-sglang"' not in k] == []

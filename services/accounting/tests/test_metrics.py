@@ -13,6 +13,7 @@ from llmlab_accounting.service import AccountingService, Batch
 from llmlab_common.catalog import Catalog
 from llmlab_common.jsprobe import ConsumerLoad, StreamLoad
 from llmlab_common.metrics import Metrics, check_exposition
+from llmlab_testkit.e2e import samples
 
 pytestmark = pytest.mark.unit
 
@@ -30,22 +31,13 @@ class _Store:
         raise AssertionError(f"unexpected store call {name}")
 
 
-def _samples(m: Metrics, prefix: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in m.render()[0].decode().splitlines():
-        if line.startswith(prefix):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
-
-
 def test_rows_are_counted_per_table_when_a_batch_is_inserted(catalog: Catalog) -> None:
     """Catches: rows counted per batch or per event instead of per table, or the tables swapped."""
     m = Metrics("llmlab")
     svc = AccountingService(_Store(), catalog, AccountingMetrics(m))  # type: ignore[arg-type]
     svc.insert(Batch(pa.table({"x": [1, 2, 3]}), pa.table({"y": [1]})))
     svc.insert(Batch(pa.table({"x": [4]}), pa.table({"y": pa.array([], pa.int64())})))
-    assert _samples(m, "llmlab_accounting_rows_total") == {
+    assert samples(m, "llmlab_accounting_rows_total") == {
         'llmlab_accounting_rows_total{table="attempts"}': 4,
         'llmlab_accounting_rows_total{table="requests"}': 1,
     }
@@ -63,12 +55,12 @@ def test_events_stream_gauges_show_size_limit_and_each_durable_consumers_backlog
     ]
     am.set_stream(StreamLoad(messages=40, bytes=8000, max_bytes=1024**3), consumers)
     am.set_stream(StreamLoad(messages=41, bytes=8200, max_bytes=1024**3), consumers[:1])
-    assert _samples(m, "llmlab_accounting_events_stream") == {
+    assert samples(m, "llmlab_accounting_events_stream") == {
         "llmlab_accounting_events_stream_bytes": 8200,
         "llmlab_accounting_events_stream_max_bytes": 1024**3,
         "llmlab_accounting_events_stream_messages": 41,
     }
-    assert _samples(m, "llmlab_accounting_consumer_pending_messages") == {
+    assert samples(m, "llmlab_accounting_consumer_pending_messages") == {
         'llmlab_accounting_consumer_pending_messages{consumer="accounting"}': 12
     }
     assert check_exposition(m.render()[0].decode()) == []

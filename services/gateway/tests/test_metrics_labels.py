@@ -44,6 +44,7 @@ from llmlab_gateway.sse import RawSendApp
 from llmlab_routing.config import CatalogHolder
 from llmlab_routing.core import RouterCore
 from llmlab_routing.state import LiveState
+from llmlab_testkit.e2e import samples
 
 pytestmark = pytest.mark.unit
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -162,15 +163,6 @@ def _app(gw: Gateway) -> RawSendApp:
     return app
 
 
-def _samples(m: Metrics) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in m.render()[0].decode().splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
-
-
 def _requests(s: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in s.items() if k.startswith("llmlab_gateway_requests_total{")}
 
@@ -197,7 +189,7 @@ async def test_requests_are_counted_with_plan_and_code_and_refusals_before_auth_
         assert (await c.post("/v1/chat/completions", json=unknown, headers=auth)).status_code == 404
         # Authenticated, then nobody takes it (no script left): the plan is known by then.
         assert (await c.post("/v1/completions", json={"model": MODEL, "prompt": "x"}, headers=auth)).status_code == 429
-    s = _samples(metrics)
+    s = samples(metrics)
     assert _requests(s) == {
         _key("chat", MODEL, "pro", 200, "ok"): 1,
         _key("chat", "other", "unknown", 401, "missing_api_key"): 1,
@@ -226,7 +218,7 @@ async def test_tpot_is_first_to_last_token_over_the_tokens_after_the_first() -> 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=_app(gw)), base_url="http://t") as c:
         assert (await c.post("/v1/chat/completions", json=body, headers=auth)).status_code == 200
         assert (await c.post("/v1/chat/completions", json=body, headers=auth)).status_code == 200
-    s = _samples(metrics)
+    s = samples(metrics)
     mp = f'{{model="{MODEL}",plan="enterprise"}}'
     assert s[f"llmlab_gateway_tpot_seconds_count{mp}"] == 1
     assert 0.045 <= s[f"llmlab_gateway_tpot_seconds_sum{mp}"] <= 0.2  # (2 gaps of 50 ms) / 2
@@ -241,7 +233,7 @@ async def test_a_plan_the_catalog_does_not_name_is_counted_as_other() -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=_app(gw)), base_url="http://t") as c:
         r = await c.post("/v1/chat/completions", json=body, headers=auth)
     code = r.json()["error"]["code"]
-    assert _requests(_samples(metrics)) == {_key("chat", MODEL, "other", r.status_code, code): 1}
+    assert _requests(samples(metrics)) == {_key("chat", MODEL, "other", r.status_code, code): 1}
 
 
 class _GoneRequest:
@@ -258,6 +250,6 @@ async def test_a_client_that_leaves_is_counted_as_client_closed() -> None:
     done = _Done(gw.metrics, gw.metrics.of(MODEL, "free"), "chat", MODEL, "free", time.time())
     response = await _unary(_GoneRequest(), gw.service, opened, ctx, done, {})  # type: ignore[arg-type]
     assert response.status_code == 499
-    s = _samples(metrics)
+    s = samples(metrics)
     assert _requests(s) == {_key("chat", MODEL, "free", 499, "client_closed"): 1}
     assert s[f'llmlab_gateway_tpot_seconds_count{{model="{MODEL}",plan="free"}}'] == 0
