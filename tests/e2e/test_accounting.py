@@ -57,6 +57,41 @@ async def wait_rows(acc: ManagedProcess, query: str, want: Any, timeout: float =
     await eventually(lambda: sql(acc, query) == want, timeout=timeout, what=f"{query} == {want}")
 
 
+async def test_budget_load_shedding_is_its_own_error_class(stack: Stack) -> None:
+    """Catches: the budget service's 429 ``overloaded`` (it sheds load) filed as the gateway's queue
+    timeout or as a budget refusal. One reserve is held in Redis (writes paused) so that a second,
+    over the budget's bound of one pending reserve, is shed: deterministic, no burst needed."""
+    from redis.asyncio import Redis
+
+    sim = stack.sim("vllm", LLAMA, ttft_ms=10, itl_ms=5, output_len=2)
+    stack.worker("vllm", "gpu-vllm", url(sim))
+    budget = stack.budget(env={"LLMLAB_BUDGET_MAX_PENDING_RESERVES": "1"})
+    admin = BudgetAdmin(url(budget))
+    gw = stack.gateway(auth="budget")
+    acc = stack.accounting(env={"LLMLAB_ACCOUNTING_FLUSH_INTERVAL_S": "0.2"})
+    p = admin.provision("pro")
+    body = {"model": LLAMA, "messages": HELLO, "max_tokens": 2}
+    headers = {"Authorization": f"Bearer {p.api_key}"}
+    r = Redis.from_url(stack.redis_url)
+    try:
+        async with httpx.AsyncClient(timeout=30) as h:
+            await r.execute_command("CLIENT", "PAUSE", "5000", "WRITE")
+            held = asyncio.create_task(h.post(url(gw) + "/v1/chat/completions", headers=headers, json=body))
+            await eventually(lambda: metric(budget, "llmlab_budget_pending_reserves") == 1, what="a pending reserve")
+            shed = await h.post(url(gw) + "/v1/chat/completions", headers=headers, json=body)
+            await r.execute_command("CLIENT", "UNPAUSE")
+            answered = await held
+    finally:
+        await r.execute_command("CLIENT", "UNPAUSE")
+        await r.aclose()
+    assert answered.status_code == 200, answered.text
+    assert shed.status_code == 429 and shed.json()["error"]["code"] == "overloaded", shed.text
+    shed_id, ok_id = shed.headers["x-request-id"], answered.headers["x-request-id"]
+    await wait_rows(acc, "SELECT count() FROM requests", [[2]])
+    rows = dict(sql(acc, "SELECT request_id, status_class FROM requests"))
+    assert rows == {shed_id: "shed_budget", ok_id: "ok"}
+
+
 async def test_attempts_and_requests_rows_with_hand_calculated_costs(stack: Stack) -> None:
     """Catches: a retried request billed for its lost attempt, or for other tokens than the client
     was told; input and output prices swapped or merged in list cost; GPU time not attributed in

@@ -86,6 +86,16 @@ def is_budget_refusal(err: ErrorInfo) -> bool:
     return err.type == "insufficient_quota" or err.code in BUDGET_REFUSAL_CODES
 
 
+# The budget service's answers that are no verdict on the caller but the service protecting itself:
+# too many reserves pending (429 ``overloaded``, Retry-After). Neither a budget refusal (the tenant
+# is within its limits) nor the gateway's own queue timeout (no worker was ever asked).
+BUDGET_SHEDDING_CODES: frozenset[str] = frozenset({Code.OVERLOADED})
+
+
+def is_budget_shedding(err: ErrorInfo) -> bool:
+    return err.code in BUDGET_SHEDDING_CODES
+
+
 # -- charging ------------------------------------------------------------------------------------
 
 

@@ -80,6 +80,15 @@ def test_budget_refusals(status: int, type_: str, code: str, refused: bool) -> N
     assert rules.is_budget_refusal(ErrorInfo(status=status, type=type_, code=code, message="")) is refused
 
 
+@pytest.mark.parametrize(
+    ("code", "shed"),
+    [(Code.OVERLOADED, True), (Code.QUEUE_TIMEOUT, False), (Code.RATE_LIMIT_EXCEEDED, False), (None, False)],
+)
+def test_budget_shedding(code: str | None, shed: bool) -> None:
+    err = ErrorInfo(status=429, type="rate_limit_error", code=code, message="")
+    assert rules.is_budget_shedding(err) is shed
+
+
 def test_slo_verdict() -> None:
     interactive = rules.SloLimits(ttft_s=1.0, tpot_s=0.1, queue_s=10.0)
     ok = rules.slo_verdict(interactive, answered=True, ttft_s=0.9, tpot_s=0.05, e2e_s=30.0, queue_s=0.2)

@@ -26,6 +26,7 @@ StatusClass = Literal[
     "server_error",  # engine error 5xx, worker lost
     "client_error",  # 4xx other than the ones below
     "refused_budget",  # the budget refused: quota, rate, concurrency or input-size limit
+    "shed_budget",  # the budget service shed load (429 overloaded): no verdict on the tenant
     "auth",  # 401/403
     "dropped",  # a redelivered attempt nobody waited for: no work done
 ]
@@ -140,12 +141,14 @@ def error_class(err: ErrorInfo) -> StatusClass:
         return "auth"
     if rules.is_budget_refusal(err):
         return "refused_budget"
+    if rules.is_budget_shedding(err):
+        return "shed_budget"
     if err.status in (408, 504) or err.code in (Code.QUEUE_TIMEOUT, Code.TIMEOUT):
         return "timeout"
     if err.status == 499:
         return "cancelled"
     if err.status == 429:
-        return "timeout"  # the gateway's own 429 is a queue timeout
+        return "timeout"  # the gateway's own 429 (budget 429s are classed above): a queue timeout
     if 400 <= err.status < 500:
         return "client_error"
     return "server_error"

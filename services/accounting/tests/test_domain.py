@@ -78,6 +78,8 @@ def test_status_classes() -> None:
         "refused_budget"
     )
     assert error_class(ErrorInfo(status=429, type="rate_limit_error", code="queue_timeout", message="")) == "timeout"
+    # The budget shedding load is neither a verdict on the tenant nor a queue timeout.
+    assert error_class(ErrorInfo(status=429, type="rate_limit_error", code="overloaded", message="")) == "shed_budget"
     assert error_class(ErrorInfo(status=401, type="authentication_error", message="")) == "auth"
     assert error_class(ErrorInfo(status=502, type="server_error", message="")) == "server_error"
     assert error_class(ErrorInfo(status=400, type="invalid_request_error", message="")) == "client_error"

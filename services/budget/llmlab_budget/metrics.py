@@ -31,5 +31,8 @@ class BudgetMetrics:
         self.underreserved_tokens = m.counter(
             "budget_underreserved_tokens_total", "Tokens charged beyond the reservation (prompt under-estimated)"
         )
+        self.pending_reserves = m.gauge(
+            "budget_pending_reserves", "Reserves taken and not yet answered (over max_pending_reserves: shed, 429)"
+        )
         self.reaped = m.counter("budget_reaped_reservations_total", "Reservations released by the reaper")
         self.settle_errors = m.counter("budget_settle_errors_total", "Events that failed to settle (retried)")

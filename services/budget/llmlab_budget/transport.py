@@ -36,6 +36,7 @@ class BudgetTransport:
         self._puller: BatchPuller | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: set[asyncio.Task[None]] = set()
+        service.m.pending_reserves.set_function(lambda: len(self._inflight))
         # At most pool-size reserves talk to Redis at once; the rest wait here, up to a bound.
         self._redis_slots = asyncio.Semaphore(settings.redis_pool_size)
         self._stopping = False
