@@ -25,7 +25,8 @@ import pytest
 import yaml
 from llmlab_common.natsio import connect
 from llmlab_common.subjects import Topology
-from llmlab_testkit.procs import Stack
+from llmlab_testkit.e2e import LLAMA
+from llmlab_testkit.procs import Stack, url
 from llmlab_testkit.prom import binaries_missing, start_alertmanager, start_prometheus
 
 pytestmark = pytest.mark.e2e
@@ -154,3 +155,37 @@ async def test_dead_letter_alert_reaches_the_webhook(stack: Stack, webhook: Webh
         if prometheus is not None:
             prometheus.stop()
         alertmanager.stop()
+
+
+def _alert_expr(name: str) -> str:
+    doc = yaml.safe_load(ALERTS_FILE.read_text())
+    (rule,) = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == name]
+    return str(rule["expr"])
+
+
+async def test_no_ready_worker_alert_sees_a_pool_that_never_sent_a_heartbeat(stack: Stack) -> None:
+    """Catches: a gateway that exports live workers only for pools it has heard a heartbeat from,
+    so that a gateway (re)started while a pool is down has no series for it and
+    LLMLabPoolNoReadyWorker never fires. Only the gateway is scraped (no router: the rule's
+    router-side arm cannot help), and only gpu-vllm has a worker; the catalog's other pools must
+    come out of the alert's own expression on a live Prometheus."""
+    if missing := binaries_missing():
+        pytest.fail(f"{missing} missing: `make test` installs them (scripts/ensure-prometheus.sh)")
+    catalog = yaml.safe_load((REPO / "configs" / "catalog.yaml").read_text())
+    pools = {d["pool"] for d in catalog["deployments"]}
+    assert "gpu-vllm" in pools and len(pools) > 1
+    stack.worker("vllm", "gpu-vllm", url(stack.sim("vllm", LLAMA)))
+    gw = stack.gateway()
+    prometheus = start_prometheus({"gateway": [f"127.0.0.1:{gw.port}"]})  # type: ignore[attr-defined]
+    try:
+        prometheus.wait_scraped(["gateway"])
+        expr = _alert_expr("LLMLabPoolNoReadyWorker")
+        deadline = time.monotonic() + 15  # the gauge is set every 0.1 s, scraped every 1 s
+        while True:
+            down = {s["metric"]["pool"] for s in prometheus.query(expr)["result"]}
+            if down == pools - {"gpu-vllm"}:
+                break
+            assert time.monotonic() < deadline, f"alert expression gave {down}, want {pools - {'gpu-vllm'}}"
+            await asyncio.sleep(0.5)
+    finally:
+        prometheus.stop()

@@ -195,6 +195,12 @@ class Catalog(_Strict):
 
     # -- lookups -----------------------------------------------------------------------------
     @cached_property
+    def deployment_pools(self) -> frozenset[str]:
+        """The pools some deployment runs in: the ones a gauge per pool has a series for from the
+        start, so a pool that never sent a heartbeat reads 0, not missing."""
+        return frozenset(d.pool for d in self.deployments)
+
+    @cached_property
     def _by_name(self) -> dict[str, list[Deployment]]:
         out: dict[str, list[Deployment]] = {}
         for d in self.deployments:

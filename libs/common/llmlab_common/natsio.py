@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 from nats.aio.client import Client as NATS
+from nats.errors import SlowConsumerError
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
+from llmlab_common.metrics import Metrics
 from llmlab_common.subjects import Topology
 
 log = logging.getLogger(__name__)
@@ -17,12 +20,39 @@ log = logging.getLogger(__name__)
 REQUESTS_MAX_AGE_S = 3600.0  # garbage bound only: deadlines make old requests worthless long before
 EVENTS_MAX_AGE_S = 7 * 24 * 3600.0  # consumers (budget, accounting) must catch up within a week
 DUPLICATE_WINDOW_S = 120.0
+# nats-py's outgoing buffer (its ``pending_size``): while connected, a publish that fills it flushes
+# at once (backpressure on the publisher); while reconnecting, publishes beyond it fail with
+# OutboundBufferLimitError instead of piling up (a worker's tokens of a NATS outage are stale by
+# the time it ends: their streams have failed over or ended).
+PUBLISH_BUFFER_BYTES = 8 * 1024 * 1024
+# A subscription's own bound (nats-py: pending_msgs_limit / pending_bytes_limit): messages its
+# callback has not taken yet. Past it nats-py drops the message and reports a slow consumer, which
+# :func:`connect` counts (``llmlab_nats_slow_consumer_drops_total``). The gateway's token
+# subscription: 1,000 streams x 64 undelivered token messages, 64 MiB.
+TOKEN_SUB_PENDING_MSGS = 64 * 1024
+TOKEN_SUB_PENDING_BYTES = 64 * 1024 * 1024
+_SLOW_LOG_EVERY_S = 10.0
 
 
-async def connect(url: str, name: str, client: NATS | None = None) -> NATS:
-    """Connect ``client`` (a fresh nats-py client by default: a subclass may be passed in)."""
+async def connect(url: str, name: str, client: NATS | None = None, metrics: Metrics | None = None) -> NATS:
+    """Connect ``client`` (a fresh nats-py client by default: a subclass may be passed in). With
+    ``metrics``, messages dropped by a slow consumer are counted there (and logged at most once
+    every 10 s): nats-py reports each drop to the error callback and drops it silently otherwise."""
+    drops = (
+        metrics.counter("nats_slow_consumer_drops_total", "Messages NATS delivered that a full subscription dropped")
+        if metrics is not None
+        else None
+    )
+    last_log = [0.0]
 
     async def _err(exc: Exception) -> None:
+        if isinstance(exc, SlowConsumerError):
+            if drops is not None:
+                drops.inc()
+            if time.monotonic() - last_log[0] >= _SLOW_LOG_EVERY_S:
+                last_log[0] = time.monotonic()
+                log.warning("nats slow consumer, messages dropped (subject %s)", exc.subject)
+            return
         log.warning("nats error: %s", exc)
 
     async def _disc() -> None:
@@ -40,8 +70,7 @@ async def connect(url: str, name: str, client: NATS | None = None) -> NATS:
         reconnected_cb=_reconn,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,  # type: ignore[arg-type]  # typed int, used as seconds (float)
-        # 1,000 streams of tokens: keep a large pending buffer so a slow callback is not a slow consumer.
-        pending_size=256 * 1024 * 1024,
+        pending_size=PUBLISH_BUFFER_BYTES,
     )
     return nc
 

@@ -217,7 +217,7 @@ class Worker:
     async def start(self) -> None:
         s = self.settings
         await self.adapter.start()
-        self.nc = await connect(s.infra.nats_url, f"worker-{s.worker_id}")
+        self.nc = await connect(s.infra.nats_url, f"worker-{s.worker_id}", metrics=self.metrics)
         self.js = self.nc.jetstream()
         await ensure_streams(self.js, self.topo)
         common: dict[str, Any] = {

@@ -48,7 +48,7 @@ def create_app(settings: GatewaySettings) -> RawSendApp:
         async with contextlib.AsyncExitStack() as stack:
             holder = CatalogHolder(settings.infra.catalog_path)
             topo = Topology(settings.infra.namespace)
-            nc = await connect(settings.infra.nats_url, f"gateway-{settings.gateway_id}")
+            nc = await connect(settings.infra.nats_url, f"gateway-{settings.gateway_id}", metrics=metrics)
             stack.push_async_callback(_drain, nc)
             js = nc.jetstream()
             await ensure_streams(js, topo)
@@ -63,6 +63,7 @@ def create_app(settings: GatewaySettings) -> RawSendApp:
                 metrics,
                 settings.worker_discovery_grace_s,
                 settings.worker_sweep_interval_s,
+                lambda: holder.current.catalog.deployment_pools,
             )
             await dispatcher.start()
             stack.push_async_callback(dispatcher.stop)

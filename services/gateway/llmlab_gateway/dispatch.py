@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from llmlab_common.messages import (
     split_batch,
 )
 from llmlab_common.metrics import Metrics
+from llmlab_common.natsio import TOKEN_SUB_PENDING_BYTES, TOKEN_SUB_PENDING_MSGS
 from llmlab_common.subjects import Topology, attempt_event_msg_id, attempt_msg_id, request_event_msg_id
 from llmlab_routing.state import LiveState
 from nats.aio.client import Client as NATS
@@ -97,6 +98,7 @@ class NatsDispatcher:
         metrics: Metrics,
         discovery_grace_s: float,
         sweep_interval_s: float,
+        configured_pools: Callable[[], Iterable[str]] = tuple,
     ) -> None:
         self.nc = nc
         self.js = js
@@ -109,6 +111,10 @@ class NatsDispatcher:
         self._sweep_interval = sweep_interval_s
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        # The catalog's pools get a live-workers series from the start (0 until a heartbeat), or a
+        # gateway restarted while a pool is down would have none and the no-ready-worker alert
+        # could never fire for it.
+        self._configured_pools = configured_pools
         self.stale = metrics.counter(
             "gateway_stale_messages_total", "Token messages dropped: unknown request or an old attempt"
         )
@@ -124,9 +130,15 @@ class NatsDispatcher:
         self._batch_subject = topo.token_batch_subject(gateway_id)
 
     async def start(self) -> None:
-        await self.nc.subscribe(self.topo.token_wildcard(self.gateway_id), cb=self._on_token)
+        await self.nc.subscribe(
+            self.topo.token_wildcard(self.gateway_id),
+            cb=self._on_token,
+            pending_msgs_limit=TOKEN_SUB_PENDING_MSGS,
+            pending_bytes_limit=TOKEN_SUB_PENDING_BYTES,
+        )
         await self.nc.subscribe(self.topo.alive_subject(self.gateway_id), cb=self._on_alive)
         await self.nc.subscribe(self.topo.heartbeat_wildcard, cb=self._on_heartbeat)
+        self._set_workers_gauge(time.monotonic())
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="worker-sweeper")
 
     async def stop(self) -> None:
@@ -304,6 +316,9 @@ class NatsDispatcher:
                 if now - inf.last_msg_at > self.registry.ttl(wid):
                     inf.lost_reported = True
                     inf.queue.put_nowait(WorkerLost(inf.attempt, wid))
-            for pool in self.registry.pools():
-                self.workers_gauge.labels(pool).set(self.registry.live_ready(pool, now))
+            self._set_workers_gauge(now)
             self.registry.prune(now)
+
+    def _set_workers_gauge(self, now: float) -> None:
+        for pool in {*self.registry.pools(), *self._configured_pools()}:
+            self.workers_gauge.labels(pool).set(self.registry.live_ready(pool, now))

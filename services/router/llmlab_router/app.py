@@ -61,7 +61,7 @@ def create_app(settings: RouterSettings) -> FastAPI:
             probe = JetStreamProbe(js, topo.requests_stream)
 
             async def probe_queues() -> None:
-                pools = sorted({d.pool for d in holder.current.catalog.deployments})
+                pools = sorted(holder.current.catalog.deployment_pools)
                 rm.set_queues(pending_by_pool(topo, await probe.consumers(), pools))
 
             prober = asyncio.create_task(
