@@ -5,10 +5,17 @@ Each mutation in ``tests/mutations.toml`` names a file, an exact text that occur
 broken text, and the tests that must catch it. The runner copies the file's package root (e.g.
 ``services/budget``) to a temporary directory, applies the change there, and runs the tests with
 that copy first on ``PYTHONPATH``: the checkout is never modified, and service processes the tests
-start inherit the same path. A mutation the tests do not catch ("survived") fails the run.
+start inherit the same path.
+
+The named tests first run once on the unmutated tree (the baseline): a mutation whose tests do not
+pass there proves nothing and is reported ``BASELINE-FAILS``. A mutation counts as caught
+(``killed``) only when a named test fails on an assertion (``assert``, ``pytest.fail``); a run
+that ends in errors only (an exception other than an assertion, a fixture or collection error, a
+timeout) is ``ERROR``, and one where every test passes ``SURVIVED``. Anything but ``killed`` fails
+the run.
 
     python -m llmlab_testkit.mutants              # every mutation (make mutants)
-    python -m llmlab_testkit.mutants --ci         # those marked for CI (about 1.5 min)
+    python -m llmlab_testkit.mutants --ci         # those marked for CI (about 5 min with the baseline)
     python -m llmlab_testkit.mutants --list
     python -m llmlab_testkit.mutants reaper-off   # some, by name
 """
@@ -16,6 +23,7 @@ start inherit the same path. A mutation the tests do not catch ("survived") fail
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -29,6 +37,7 @@ from pathlib import Path
 
 log = logging.getLogger("llmlab_testkit.mutants")
 DEFAULT_CONFIG = Path("tests") / "mutations.toml"
+PLUGIN = "llmlab_testkit.mutant_plugin"
 
 
 @dataclass(frozen=True)
@@ -69,21 +78,76 @@ def apply(m: Mutation, repo: Path, into: Path) -> Path:
     return root
 
 
+def run_tests(
+    tests: list[str], repo: Path, timeout_s: float, pythonpath: list[Path], mutant: bool
+) -> tuple[list[dict[str, str]], int | None, str]:
+    """Run ``tests`` under the outcome plugin, ``pythonpath`` first on the path: (one record per
+    test or collection failure, pytest's exit code or None on a timeout, output tail). A mutant's
+    run stops at the first assertion failure; the baseline runs every test."""
+    with tempfile.TemporaryDirectory(prefix="mutant-report-") as tmp:
+        report = Path(tmp) / "outcomes.jsonl"
+        paths = [*map(str, pythonpath), os.environ.get("PYTHONPATH")]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths)), "LLMLAB_MUTANT_REPORT": str(report)}
+        if mutant:
+            env["LLMLAB_MUTANT_STOP_AT_ASSERTION"] = "1"
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", PLUGIN, *tests]
+        try:
+            p = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout_s)
+            code: int | None = p.returncode
+            tail = "\n".join((p.stdout + p.stderr).splitlines()[-15:])
+        except subprocess.TimeoutExpired:
+            code, tail = None, f"timed out after {timeout_s:.0f}s"
+        records = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
+    return records, code, tail
+
+
+def verdict(records: list[dict[str, str]], code: int | None) -> str:
+    """killed: a test failed on an assertion; SURVIVED: tests ran and all passed; else ERROR."""
+    if any(r["outcome"] == "assertion" for r in records):
+        return "killed"
+    if code == 0 and records and all(r["outcome"] == "passed" for r in records):
+        return "SURVIVED"
+    return "ERROR"
+
+
 def run_one(m: Mutation, repo: Path, timeout_s: float) -> tuple[str, float, str]:
-    """(killed | SURVIVED | ERROR, seconds, output tail)."""
+    """(killed | SURVIVED | ERROR, seconds, output tail) for the mutated tree."""
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"mutant-{m.name}-") as tmp:
         root = apply(m, repo, Path(tmp))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *m.tests]
-        try:
-            p = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return "ERROR", time.monotonic() - t0, f"timed out after {timeout_s:.0f}s"
-    tail = "\n".join((p.stdout + p.stderr).splitlines()[-15:])
-    # pytest: 0 all passed (the bug went unnoticed), 1 some test failed (caught), else unusable
-    verdict = {0: "SURVIVED", 1: "killed"}.get(p.returncode, "ERROR")
-    return verdict, time.monotonic() - t0, tail
+        records, code, tail = run_tests(m.tests, repo, timeout_s, [root], mutant=True)
+    v = verdict(records, code)
+    if v == "ERROR":
+        tail = "\n".join([*(f"{r['nodeid']}: {r['outcome']}" for r in records if r["outcome"] != "passed"), tail])
+    return v, time.monotonic() - t0, tail
+
+
+def _covers(spec: str, nodeid: str) -> bool:
+    """A test spec of mutations.toml (a file or a node id) covers this node id."""
+    return nodeid == spec or nodeid.startswith(spec + "::") or nodeid.startswith(spec + "[")
+
+
+def baseline(muts: list[Mutation], repo: Path, timeout_s: float) -> tuple[dict[str, str], float, str]:
+    """Run every named test once on the unmutated tree; the mutations whose tests did not all pass
+    there, each with why."""
+    t0 = time.monotonic()
+    specs = sorted({t for m in muts for t in m.tests})
+    # The unmutated package roots, as the mutants put their broken copies: the same import path.
+    roots = sorted({repo / m.package_root for m in muts})
+    records, code, tail = run_tests(specs, repo, timeout_s * max(1, len(muts)), roots, mutant=False)
+    bad_records = [r for r in records if r["outcome"] != "passed"]
+    unsound: dict[str, str] = {}
+    for m in muts:
+        ran = [r for r in records if any(_covers(t, r["nodeid"]) for t in m.tests)]
+        failing = [f"{r['nodeid']}: {r['outcome']}" for r in ran if r["outcome"] != "passed"]
+        if failing:
+            unsound[m.name] = "; ".join(failing)
+        elif not ran:
+            unsound[m.name] = "none of its tests ran" + ("" if code is not None else " (timed out)")
+    if code is None and not bad_records:
+        for m in muts:
+            unsound.setdefault(m.name, "the baseline timed out")
+    return unsound, time.monotonic() - t0, tail
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,16 +172,26 @@ def main(argv: list[str] | None = None) -> int:
         for m in muts:
             log.info("%-28s %s\n%28s %s", m.name, m.why, "", " ".join(m.tests))
         return 0
-    bad = 0
+    t_all = time.monotonic()
+    log.info("baseline: the named tests of %d mutations on the unmutated tree", len(muts))
+    unsound, secs, tail = baseline(muts, repo, a.timeout)
+    log.info("      %d of %d mutations have passing tests, in %.0fs", len(muts) - len(unsound), len(muts), secs)
+    if unsound:
+        log.info("%s", tail)
+    counts: dict[str, int] = {}
     for i, m in enumerate(muts, 1):
         log.info("[%d/%d] %s: %s", i, len(muts), m.name, m.why)
-        verdict, secs, tail = run_one(m, repo, a.timeout)
-        log.info("      %s in %.0fs", verdict, secs)
-        if verdict != "killed":
-            bad += 1
+        if m.name in unsound:
+            v, secs, tail = "BASELINE-FAILS", 0.0, unsound[m.name]
+        else:
+            v, secs, tail = run_one(m, repo, a.timeout)
+        counts[v] = counts.get(v, 0) + 1
+        log.info("      %s in %.0fs", v, secs)
+        if v != "killed":
             log.info("%s", tail)
-    log.info("%d mutations, %d caught, %d not", len(muts), len(muts) - bad, bad)
-    return 1 if bad else 0
+    summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
+    log.info("%d mutations in %.0fs: %s", len(muts), time.monotonic() - t_all, summary)
+    return 0 if counts.get("killed", 0) == len(muts) else 1
 
 
 if __name__ == "__main__":
