@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -158,6 +159,50 @@ def test_every_exposition_stays_inside_the_label_allow_list_and_series_bound(run
         if found:
             problems[name] = found
     assert not problems, problems
+
+
+# The docs a user reads for metric names: docs/ and every README.
+DOCS = sorted(
+    [*REPO.glob("docs/*.md"), *REPO.glob("README.md"), *REPO.glob("*/README.md"), *REPO.glob("*/*/README.md")]
+)
+PACKAGES = {p.name for p in REPO.glob("*/*/llmlab_*") if p.is_dir()} | {p.name for p in REPO.glob("*/llmlab_*")}
+
+
+def _families(exposition: str) -> set[str]:
+    """The metric names an exposition serves, as a user would write them: counters with _total,
+    histograms by family name and by their _bucket/_sum/_count series."""
+    out: set[str] = set()
+    for line in exposition.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            out.add(name)
+            if kind == "counter":
+                out.add(name + "_total")
+            elif kind == "histogram":
+                out |= {name + "_bucket", name + "_sum", name + "_count"}
+    return out
+
+
+def test_every_metric_the_docs_name_is_exposed(run: Run) -> None:
+    """Catches: docs that name a metric no service exports (a renamed family, a typo such as
+    llmlab_budget_reserved_vs_actual for budget_charged_to_reserved_ratio): a user's query or alert
+    written from the docs would match nothing. A name ending in '_' names a family prefix."""
+    exposed: set[str] = set()
+    for p in run.scraped.values():
+        exposed |= _families(httpx.get(url(p) + "/metrics", timeout=10).text)
+    cited = {
+        (doc.relative_to(REPO).as_posix(), name)
+        for doc in DOCS
+        for name in re.findall(r"\bllmlab_[a-z0-9_]+", doc.read_text())
+        if name not in PACKAGES
+    }
+    assert len(cited) > 50, "the docs name fewer metrics than they do: is the pattern still right?"
+    missing = sorted(
+        (doc, name)
+        for doc, name in cited
+        if not (name in exposed or (name.endswith("_") and any(e.startswith(name) for e in exposed)))
+    )
+    assert not missing, f"metrics named in the docs that no process exports: {missing}"
 
 
 def _rules(kind: str) -> list[dict[str, object]]:
