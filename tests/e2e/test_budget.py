@@ -17,9 +17,9 @@ HELLO = [{"role": "user", "content": "hello there"}]
 
 
 def budget_stack(
-    stack: Stack, output_len: int = 8, itl_ms: float = 5, **gw_env: str
+    stack: Stack, output_len: int = 8, itl_ms: float = 5, sim_args: list[str] | None = None, **gw_env: str
 ) -> tuple[ManagedProcess, ManagedProcess, BudgetAdmin]:
-    sim = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=itl_ms, output_len=output_len)
+    sim = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=itl_ms, output_len=output_len, extra=sim_args)
     stack.worker("vllm", "gpu-vllm", url(sim))
     budget = stack.budget()
     gw = stack.gateway(auth="budget", env=gw_env)
@@ -182,6 +182,28 @@ async def test_client_cancel_pays_input_plus_delivered(stack: Stack) -> None:
     assert day(admin, p)["used"] == 11 + 3
     await asyncio.sleep(1)  # the worker's own 'cancelled' event comes later: it changes nothing
     assert day(admin, p)["used"] == 11 + 3
+
+
+async def test_cancel_of_a_stream_whose_chunks_carry_several_tokens_pays_every_token_received(
+    stack: Stack,
+) -> None:
+    """Catches: delivered tokens counted as chunks. vLLM merges output deltas into one chunk when
+    its consumer lags; the simulator here puts 3 tokens in every chunk. A client that leaves after
+    two chunks received 6 tokens (the simulator's tokens are one word each, so the client counts
+    them in the text itself), and the request pays input + 6, not input + 2."""
+    _sim, gw, admin = budget_stack(stack, output_len=400, itl_ms=300, sim_args=["--chunk-tokens", "3"])
+    p = admin.provision("pro", {"key": {"daily_tokens": 1_000_000}})
+    async with httpx.AsyncClient(timeout=30) as h:
+        s = await Stream(h, url(gw), p.api_key, max_tokens=400).open()
+        assert s.status == 200, s.error
+        await s.read(2)  # two content chunks
+        await s.close()
+    received = len(s.received.split())
+    assert s.tokens == 2 and received == 6, (s.tokens, s.received)
+    await eventually(lambda: day(admin, p)["reserved"] == 0, what="settlement of the cancelled request")
+    assert day(admin, p)["used"] == estimated_input("hello there") + received
+    await asyncio.sleep(1)  # the worker's own 'cancelled' event comes later: it changes nothing
+    assert day(admin, p)["used"] == estimated_input("hello there") + received
 
 
 async def test_two_tenants_streaming_at_once_are_each_charged_their_own_usage(stack: Stack) -> None:

@@ -1,7 +1,7 @@
 """`python -m llmlab_accounting.explain` on requests that went through the whole stack (budget
-auth, router service, worker, simulator, accounting): the split's parts add up to the request's
-time, each phase is where the simulator and the gateway put the time, and ``--slowest`` finds the
-slow request."""
+auth, router service, worker, simulator, accounting): every phase is measured, their sum covers the
+request's time measured apart from them (accepted → ended, the row's wall clocks), each phase is
+where the simulator and the gateway put the time, and ``--slowest`` finds the slow request."""
 
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ def explain(acc: ManagedProcess, *args: str) -> dict[str, object]:
 
 
 async def test_explain_latency_splits_a_request_where_its_time_went(stack: Stack) -> None:
-    """Catches: admission time not carried to the row (gateway → worker → accounting), a phase
-    counted twice or missing (the parts no longer add up), the engine's first-token time or the
+    """Catches: admission time not carried to the row (gateway → worker → accounting), a stamp
+    lost on the way or a phase counted twice (the measured parts no longer cover the independently
+    measured total), the engine's first-token time or the
     decode time put in the wrong phase, and --slowest picking another request."""
     sim = stack.sim("vllm", LLAMA, ttft_ms=TTFT_S * 1000, itl_ms=ITL_S * 1000, output_len=64)
     stack.worker("vllm", "gpu-vllm", url(sim))
@@ -62,9 +63,18 @@ async def test_explain_latency_splits_a_request_where_its_time_went(stack: Stack
     s = explain(acc, slow)
     phases = {p["name"]: p["seconds"] for p in s["phases"]}  # type: ignore[union-attr, index]
     assert s["request_id"] == slow and s["answering_attempt"] == 1 and s["completion_tokens"] == 30
-    assert phases["gateway: auth + reserve"] and phases["gateway: route"], phases  # measured, not None/0
+    # Every phase measured from its own stamps (a stamp lost on the way shows as None here). The
+    # engine queue alone may be unknown: an HTTP engine does not report it per request and the
+    # window estimate needs two heartbeats; prefill then holds the whole first-token time.
+    assert [k for k, v in phases.items() if v is None] in ([], ["engine queue"]), phases
+    assert phases["gateway: auth + reserve"] and phases["gateway: route"], phases  # not 0 either
+    # The request's time measured apart from the phases: the row's ended_at - created_at (worker's
+    # and gateway's wall clocks, millisecond precision). The phases must cover it: what no stamp
+    # measures (the gateway between admission and routing, the worker's bookkeeping) is
+    # microseconds; the tolerance allows 5 ms + 1% for the rows' millisecond rounding.
     total = float(s["total_s"])  # type: ignore[arg-type]
-    assert sum(v for v in phases.values() if v is not None) == pytest.approx(total, abs=1e-3)
+    accounted = sum(v for v in phases.values() if v is not None)
+    assert abs(total - accounted) <= 0.005 + 0.01 * total, (total, accounted, phases)
     # The client waited for all of it and a little more (HTTP, the last hop): never less.
     assert total <= client_s + 0.005 and total > client_s - 0.25, (total, client_s)
     # The simulator's first token takes TTFT_S (queue + prefill), each next one ITL_S.

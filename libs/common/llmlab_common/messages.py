@@ -93,8 +93,11 @@ class InferenceRequest(_RequestMsg):
     route: RouteInfo | None = None
     # The gateway's admission steps for this request (the same on every attempt), copied by the
     # worker into the attempt's Timings so that one row explains where the time went.
+    parse_s: float | None = None  # accepted → admission started (read, parse, validate the body)
     auth_s: float | None = None  # authenticate + reserve (budget round trip)
     route_s: float | None = None  # the router's decision (round trip, or in-process)
+    prep_s: float | None = None  # routing decided → the first attempt published (build, publish)
+    first_dispatch_offset_s: float | None = None  # accepted → the first attempt published
 
 
 # -- token stream back to the gateway (core NATS, per request) -------------------------------
@@ -125,6 +128,11 @@ class Timings(BaseModel):
     auth_s: float | None = None  # gateway: authenticate + reserve
     route_s: float | None = None  # gateway: routing decision
     dispatch_offset_s: float | None = None  # gateway accepted → this attempt published (admission, earlier attempts)
+    parse_s: float | None = None  # gateway: accepted → admission started
+    prep_s: float | None = None  # gateway: routing decided → the first attempt published
+    first_dispatch_offset_s: float | None = None  # gateway: accepted → the first attempt published
+    intake_s: float | None = None  # worker: took it → engine call sent
+    finish_s: float | None = None  # worker: last token (engine call, if none) → terminal message
     # How engine_queue_s was obtained: "engine" (reported for this request by the engine),
     # "window_mean" (the engine's mean queue time over the last heartbeat window: an estimate,
     # for engines that do not report it per request), None when unknown.
@@ -151,7 +159,9 @@ class StreamStarted(_RequestMsg):
 
 class TokenChunk(_RequestMsg):
     """One or more engine chunks coalesced; ``token_times`` keeps each chunk's arrival offset
-    (seconds since the engine call started) so ITL survives coalescing."""
+    (seconds since the engine call started) so ITL survives coalescing. ``tokens``: the tokens
+    these chunks carry, as the engine counted them (an engine chunk may hold several: vLLM merges
+    output deltas when its consumer lags); None from an older worker: one per chunk."""
 
     kind: Literal["tokens"] = "tokens"
     attempt: int
@@ -159,6 +169,13 @@ class TokenChunk(_RequestMsg):
     text: str = ""
     tool_calls: list[dict[str, Any]] | None = None
     token_times: list[float] = Field(default_factory=list)
+    tokens: int | None = Field(default=None, ge=0)
+
+    def token_count(self) -> int:
+        """Tokens this message delivers to the client."""
+        if self.tokens is not None:
+            return self.tokens
+        return len(self.token_times) or (1 if self.text or self.tool_calls else 0)
 
 
 class StreamEnd(_RequestMsg):

@@ -96,7 +96,8 @@ class Stream:
         self.status = 0
         self.error: dict[str, Any] = {}  # the OpenAI error object of a refused request
         self.headers = httpx.Headers()
-        self.tokens = 0
+        self.tokens = 0  # content chunks received (one token each unless the engine merges them)
+        self.received = ""  # the content received
         self.finish: str | None = None
         self.usage: dict[str, Any] | None = None
         self.done = False  # saw [DONE]
@@ -141,6 +142,7 @@ class Stream:
         for c in obj["choices"]:
             if c["delta"].get("content"):
                 self.tokens += 1
+                self.received += c["delta"]["content"]
             self.finish = c.get("finish_reason") or self.finish
 
     async def read(self, tokens: int) -> None:

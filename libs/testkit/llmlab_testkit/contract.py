@@ -50,6 +50,9 @@ async def streams_tokens_usage_and_timings(stack: Stack, e: EngineUnderTest) -> 
         # max_tokens=12 and a question that needs more: the engine stops on length.
         assert end.finish_reason == "length"
         assert end.usage.completion_tokens == 12
+        # Each token message says how many tokens it carries, as the engine counted them (the
+        # running usage of continuous_usage_stats): they add up to the engine's own total.
+        assert sum(c.tokens or 0 for c in chunks) == 12, [(c.text, c.tokens) for c in chunks]
         assert end.usage.prompt_tokens > 5
         assert end.usage.total_tokens == end.usage.prompt_tokens + 12
         times = [t for c in chunks for t in c.token_times]

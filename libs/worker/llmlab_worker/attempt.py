@@ -49,17 +49,19 @@ class Coalescer:
         self.sent = 0  # token messages published
         self.text: list[str] = []
         self.times: list[float] = []
+        self.tokens = 0  # tokens of the chunks waiting in text/times
         self.tools: list[dict[str, object]] = []
         self.last_flush = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self.engine_start = 0.0
 
-    def add(self, text: str, tool_calls: list[dict[str, object]] | None, at: float) -> None:
+    def add(self, text: str, tool_calls: list[dict[str, object]] | None, at: float, tokens: int = 1) -> None:
         if text:
             self.text.append(text)
         if tool_calls:
             self.tools.extend(tool_calls)
         self.times.append(at - self.engine_start)
+        self.tokens += tokens
         if at - self.last_flush >= self.window:
             self.flush()
         elif self._timer is None:
@@ -80,8 +82,9 @@ class Coalescer:
             text="".join(self.text),
             tool_calls=self.tools or None,
             token_times=self.times,
+            tokens=self.tokens,
         )
-        self.text, self.times, self.tools = [], [], []
+        self.text, self.times, self.tools, self.tokens = [], [], [], 0
         self.last_flush = time.monotonic()
         self.publish(self.req.reply_subject, msg.model_dump_json(exclude_none=True).encode())
         self.sent += 1
@@ -111,6 +114,9 @@ class AttemptResult:
     token_messages: int
     # Monotonic arrival of each content chunk (the worker's ITL histogram observes every gap).
     token_times: list[float] = field(default_factory=list)
+    # Wall clock when the attempt ended (its terminal message ready): the event's ended_at, so
+    # accepted → ended spans exactly the phases of its timings (explain-latency checks the sum).
+    ended_wall: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -146,6 +152,9 @@ async def run_attempt(
         auth_s=req.auth_s,
         route_s=req.route_s,
         dispatch_offset_s=max(0.0, req.dispatched_at - req.created_at),
+        parse_s=req.parse_s,
+        prep_s=req.prep_s,
+        first_dispatch_offset_s=req.first_dispatch_offset_s,
     )
     outcome: AttemptOutcome = "completed"
     usage: Usage | None = None
@@ -199,11 +208,11 @@ async def run_attempt(
         error = LLMLabError(str(exc)[:300], code=Code.WORKER_ERROR).to_info()
     coalescer.flush()
     coalescer.close()
-    ended = time.monotonic()
+    ended, ended_wall = time.monotonic(), time.time()
     if usage is None and clock.token_times:
-        # Cancelled or failed mid-stream: the engine sent no usage; count what was generated.
-        n = len(clock.token_times)
-        usage = Usage(completion_tokens=n, total_tokens=n)
+        # Cancelled or failed mid-stream: the engine sent no final usage; count what was generated
+        # (the chunks' own token counts: a chunk may carry several tokens).
+        usage = Usage(completion_tokens=clock.tokens, total_tokens=clock.tokens)
     timings = clock.timings(usage.completion_tokens if usage else len(clock.token_times), ended)
     if started and outcome == "completed" and usage is not None and finish not in (None, "cancelled"):
         _publish(
@@ -242,6 +251,7 @@ async def run_attempt(
         nats_queue_s=clock.nats_queue_s,
         token_messages=coalescer.sent,
         token_times=clock.token_times,
+        ended_wall=ended_wall,
     )
 
 
@@ -254,11 +264,16 @@ async def _generate(
     async with asyncio.timeout(max(0.0, remaining)):
         clock.engine_start = coalescer.engine_start = time.monotonic()
         stream = ctx.stream(req)
+        held = 0  # tokens of chunks without text yet (a partial character): they come with the next
         try:
             async for ev in stream:
                 if ev.text or ev.tool_calls:
+                    n, held = ev.tokens + held, 0
                     clock.token_times.append(ev.at)
-                    coalescer.add(ev.text, ev.tool_calls, ev.at)
+                    clock.tokens += n
+                    coalescer.add(ev.text, ev.tool_calls, ev.at, n)
+                elif ev.engine_counted and ev.finish_reason is None:
+                    held += ev.tokens
                 if ev.engine_queue_s is not None:
                     clock.engine_queue_s, clock.engine_queue_method = ev.engine_queue_s, "engine"
                 if ev.finish_reason:
@@ -277,7 +292,7 @@ async def _generate(
             clock.engine_queue_s, clock.engine_queue_method = estimate, "window_mean"
     if usage is None:
         # Engines send usage last when asked (stream_options.include_usage); count what we saw.
-        usage = Usage(completion_tokens=len(clock.token_times), total_tokens=len(clock.token_times))
+        usage = Usage(completion_tokens=clock.tokens, total_tokens=clock.tokens)
     reason = cast(FinishReason, finish if finish in FINISH_REASONS else "stop")
     return usage, reason
 

@@ -40,6 +40,11 @@ class EngineEvent:
 
     at: float  # time.monotonic() when it arrived
     text: str = ""
+    # Tokens this chunk carries, as the engine counted them: token ids (in-process), the change of
+    # the running usage (an OpenAI server with ``stream_options.continuous_usage_stats``); 1 when
+    # the engine does not say (``engine_counted`` False).
+    tokens: int = 1
+    engine_counted: bool = False
     tool_calls: list[dict[str, Any]] | None = None
     finish_reason: str | None = None
     usage: Usage | None = None
@@ -191,7 +196,9 @@ class OpenAIEngineAdapter:
         body: dict[str, Any] = {
             "model": req.model,
             "stream": True,
-            "stream_options": {"include_usage": True},
+            # continuous_usage_stats: every chunk carries the running usage (vLLM, SGLang), so a
+            # chunk that merges several tokens is counted as such (see stream()).
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
         if req.endpoint == "chat":
             body["messages"] = req.messages
@@ -215,6 +222,7 @@ class OpenAIEngineAdapter:
             if resp.status != 200:
                 text = await resp.text()
                 raise EngineRequestError(resp.status, _engine_error_message(text))
+            counted = 0  # completion tokens of the running usage so far
             try:
                 async for raw in resp.content:
                     if not raw.startswith(b"data:"):
@@ -224,6 +232,10 @@ class OpenAIEngineAdapter:
                         return
                     event = self.parse_chunk(orjson.loads(data), time.monotonic(), req.endpoint == "chat")
                     if event is not None:
+                        if event.usage is not None:
+                            event.engine_counted = True
+                            event.tokens = max(0, event.usage.completion_tokens - counted)
+                            counted = max(counted, event.usage.completion_tokens)
                         yield event
             except aiohttp.ClientPayloadError as exc:
                 raise EngineRequestError(0, f"engine stream broke: {exc}") from exc

@@ -446,7 +446,7 @@ class Worker:
             error=result.error,
             route=req.route,
             created_at=req.created_at,
-            ended_at=time.time(),
+            ended_at=result.ended_wall or time.time(),
         )
         if run.cancel_reason:
             log.info("attempt %d cancelled: %s", req.attempt, run.cancel_reason)

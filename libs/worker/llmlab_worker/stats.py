@@ -15,12 +15,16 @@ class AttemptClock:
     taken_at: float  # monotonic, when the worker took the message
     engine_start: float | None = None  # monotonic, engine call sent
     token_times: list[float] = field(default_factory=list)  # monotonic arrival of each content chunk
+    tokens: int = 0  # tokens of those chunks, as the engine counted them (a chunk may carry several)
     engine_queue_s: float | None = None  # inside the engine before scheduling, where it tells
     engine_queue_method: Literal["engine", "window_mean"] | None = None
     # The gateway's admission figures, passed through to the attempt's Timings.
     auth_s: float | None = None
     route_s: float | None = None
     dispatch_offset_s: float | None = None
+    parse_s: float | None = None
+    prep_s: float | None = None
+    first_dispatch_offset_s: float | None = None
 
     def timings(self, completion_tokens: int, ended_at: float) -> Timings:
         engine_queue_s = self.engine_queue_s
@@ -35,6 +39,10 @@ class AttemptClock:
             if gaps:
                 p50, p95, p99 = quantile(gaps, 0.5), quantile(gaps, 0.95), quantile(gaps, 0.99)
         prefill = None if ttft is None or engine_queue_s is None else max(0.0, ttft - engine_queue_s)
+        intake = finish = None
+        if self.engine_start is not None:
+            intake = self.engine_start - self.taken_at
+            finish = ended_at - (self.token_times[-1] if self.token_times else self.engine_start)
         return Timings(
             nats_queue_s=self.nats_queue_s,
             engine_queue_s=engine_queue_s,
@@ -49,5 +57,10 @@ class AttemptClock:
             auth_s=self.auth_s,
             route_s=self.route_s,
             dispatch_offset_s=self.dispatch_offset_s,
+            parse_s=self.parse_s,
+            prep_s=self.prep_s,
+            first_dispatch_offset_s=self.first_dispatch_offset_s,
+            intake_s=intake,
+            finish_s=finish,
             engine_queue_method=self.engine_queue_method if engine_queue_s is not None else None,
         )

@@ -155,6 +155,22 @@ async def test_cancel_mid_stream_counts_the_delivered_tokens_and_closes_the_engi
     assert w.adapter.closed and run.msg.acks == 1  # type: ignore[attr-defined]
 
 
+async def test_chunks_that_carry_several_tokens_are_counted_as_such() -> None:
+    """Catches: tokens counted as chunks. An engine chunk may carry several tokens (vLLM merges
+    deltas when its consumer lags): each token message says how many it carries, and a cancelled
+    attempt reports the tokens generated, not the chunks."""
+    three = EngineEvent(at=time.monotonic(), text=" a b c", tokens=3)
+    w, sent, js = _worker([three, EngineEvent(at=time.monotonic(), text=" d", tokens=1), 5.0, "never"])
+    run = await _run(w, _req())
+    assert run.task is not None
+    while len(sent) < 3:
+        await asyncio.sleep(0.01)
+    run.task.cancel()
+    await asyncio.gather(run.task, return_exceptions=True)
+    assert [m.tokens for m in sent if type(m).__name__ == "TokenChunk"] == [3, 1]
+    assert [(e.outcome, e.usage.completion_tokens if e.usage else None) for e in js.events] == [("cancelled", 4)]
+
+
 @pytest.mark.parametrize(
     ("script", "retryable", "before_first", "code"),
     [

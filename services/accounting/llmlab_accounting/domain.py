@@ -88,6 +88,11 @@ class AttemptRow(TypedDict):
     route_s: float | None
     dispatch_offset_s: float | None
     engine_queue_method: str | None
+    parse_s: float | None
+    prep_s: float | None
+    first_dispatch_offset_s: float | None
+    intake_s: float | None
+    finish_s: float | None
     input_usd_per_mtok: float
     output_usd_per_mtok: float
     cached_input_usd_per_mtok: float | None
@@ -329,6 +334,11 @@ def attempt_columns(evs: Sequence[AttemptEvent], catalog: Catalog, now: float | 
         "route_s": [t.route_s if t else None for t in ts],
         "dispatch_offset_s": [t.dispatch_offset_s if t else None for t in ts],
         "engine_queue_method": [t.engine_queue_method if t else None for t in ts],
+        "parse_s": [t.parse_s if t else None for t in ts],
+        "prep_s": [t.prep_s if t else None for t in ts],
+        "first_dispatch_offset_s": [t.first_dispatch_offset_s if t else None for t in ts],
+        "intake_s": [t.intake_s if t else None for t in ts],
+        "finish_s": [t.finish_s if t else None for t in ts],
         "input_usd_per_mtok": [c.input_usd_per_mtok for c in cs],
         "output_usd_per_mtok": [c.output_usd_per_mtok for c in cs],
         "cached_input_usd_per_mtok": [c.cached_input_usd_per_mtok for c in cs],

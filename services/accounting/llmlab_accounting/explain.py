@@ -20,7 +20,7 @@ import json
 import re
 import sys
 
-from llmlab_accounting.latency import COLUMNS, TOTAL_SQL, render, split
+from llmlab_accounting.latency import COLUMNS, WALL_SQL, render, split
 from llmlab_accounting.query import Runner, add_target_args, open_runner
 
 # Request ids are NATS subject tokens (llmlab_common.subjects.check_token): nothing to escape.
@@ -31,7 +31,7 @@ def slowest_request(runner: Runner, since_minutes: float) -> str | None:
     r = runner.query(
         "SELECT request_id FROM attempts WHERE outcome = 'completed' AND dispatch_offset_s IS NOT NULL "
         f"AND ended_at >= now64(3) - toIntervalSecond({int(since_minutes * 60)}) "
-        f"ORDER BY {TOTAL_SQL} DESC LIMIT 1"
+        f"ORDER BY {WALL_SQL} DESC LIMIT 1"
     )
     return str(r.rows[0][0]) if r.rows else None
 

@@ -1,21 +1,25 @@
 """Where one request's time went, from its accounting rows (pure: no ClickHouse, no HTTP).
 
-The answering attempt's row carries every phase, each measured where it happens:
+Every phase is measured from its own pair of timestamps, where it happens (none is what is left of
+another figure), and the sum is checked against the request's time measured independently:
+``ended_at - created_at``, the worker's wall clock when the attempt ended minus the gateway's when
+it accepted the request (``WALL_SQL``; both millisecond precision in the rows).
 
-* gateway: ``auth_s`` (authenticate + reserve), ``route_s`` (routing decision), and
-  ``dispatch_offset_s`` (accepted → this attempt published: admission, the attempts before it,
-  and the gateway's own work of building and publishing it);
+* gateway, carried on every attempt: ``parse_s`` (accepted → admission started: read, parse and
+  validate the body), ``auth_s`` (authenticate + reserve), ``route_s`` (routing decision),
+  ``prep_s`` (routing decided → the first attempt built and published), and for a later attempt
+  the time the earlier ones took: this attempt's ``dispatch_offset_s`` minus the first's
+  (``first_dispatch_offset_s``), both stamped when each was published;
 * NATS: ``nats_queue_s`` (published → a worker took it);
-* worker and engine: ``e2e_s`` (taken → terminal message) = worker intake + ``ttft_s`` (engine
-  call → first token = ``engine_queue_s`` + prefill) + ``decode_s`` (first → last token) + the
-  terminal message's publish. ``engine_queue_s`` is the engine's own figure for the request where
-  it reports one (``engine_queue_method = 'engine'``: worker-vllm's in-process mode), else the
+* worker: ``intake_s`` (took it → engine call sent), ``ttft_s`` (engine call → first token, split
+  into ``engine_queue_s`` and prefill), ``decode_s`` (first → last token), ``finish_s`` (last token
+  → terminal message). ``engine_queue_s`` is the engine's own figure for the request where it
+  reports one (``engine_queue_method = 'engine'``: worker-vllm's in-process mode), else the
   engine's mean queue time over the last heartbeat window (``'window_mean'``, an estimate).
 
 Not in the rows: the gateway's last hop after the worker's terminal message (NATS → SSE write),
 which the gateway's ``llmlab_gateway_e2e_seconds`` histogram covers in aggregate. Wall clocks
-differ between hosts: ``dispatch_offset_s`` is the gateway's clock, ``nats_queue_s`` spans the
-gateway's and the worker's, the rest is the worker's.
+differ between hosts: ``nats_queue_s`` and the total span the gateway's and the worker's.
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# Accepted -> the worker's terminal message, in SQL over the ``attempts`` view (what
-# :attr:`LatencySplit.total_s` is from one row).
-TOTAL_SQL = "dispatch_offset_s + nats_queue_s + e2e_s"
+# Accepted → the attempt's end, in SQL over the ``attempts`` view: the independent total (what
+# :attr:`LatencySplit.total_s` is, and what ``explain --slowest`` orders by).
+WALL_SQL = "(toUnixTimestamp64Milli(ended_at) - toUnixTimestamp64Milli(created_at)) / 1000"
 
 # The columns of the ``attempts`` view the split reads, in this order.
 COLUMNS = (
@@ -36,18 +40,21 @@ COLUMNS = (
     "error_code",
     "worker_id",
     "deployment",
-    "created_at",
-    "ended_at",
+    f"{WALL_SQL} AS wall_s",
+    "parse_s",
     "auth_s",
     "route_s",
+    "prep_s",
+    "first_dispatch_offset_s",
     "dispatch_offset_s",
     "nats_queue_s",
+    "intake_s",
     "engine_queue_s",
     "engine_queue_method",
     "ttft_s",
     "prefill_s",
     "decode_s",
-    "e2e_s",
+    "finish_s",
     "completion_tokens",
 )
 
@@ -67,7 +74,7 @@ class LatencySplit:
     deployment: str
     outcome: str
     completion_tokens: int
-    total_s: float | None  # accepted → the worker's terminal message
+    total_s: float | None  # accepted → the attempt's end, measured apart from the phases
     phases: list[Phase]
     earlier: list[str] = field(default_factory=list)  # one line per attempt before the answering one
 
@@ -75,16 +82,15 @@ class LatencySplit:
     def accounted_s(self) -> float:
         return sum(p.seconds for p in self.phases if p.seconds is not None)
 
+    @property
+    def unmeasured(self) -> list[str]:
+        """Phases with no figure for this request."""
+        return [p.name for p in self.phases if p.seconds is None]
+
 
 def _f(row: Mapping[str, Any], key: str) -> float | None:
     v = row.get(key)
     return None if v is None else float(v)
-
-
-def _minus(a: float | None, *bs: float | None) -> float | None:
-    if a is None:
-        return None
-    return max(0.0, a - sum(b for b in bs if b is not None))
 
 
 def split(request_id: str, rows: Sequence[Mapping[str, Any]]) -> LatencySplit | None:
@@ -95,11 +101,7 @@ def split(request_id: str, rows: Sequence[Mapping[str, Any]]) -> LatencySplit | 
     completed = [r for r in ordered if r["outcome"] == "completed"]
     ans = completed[-1] if completed else ordered[-1]
     n = int(ans["attempt"])
-    auth, route = _f(ans, "auth_s"), _f(ans, "route_s")
-    offset = _f(ans, "dispatch_offset_s")
-    nats, e2e = _f(ans, "nats_queue_s"), _f(ans, "e2e_s")
-    ttft, decode = _f(ans, "ttft_s"), _f(ans, "decode_s")
-    queue = _f(ans, "engine_queue_s")
+    ttft, queue = _f(ans, "ttft_s"), _f(ans, "engine_queue_s")
     prefill = _f(ans, "prefill_s")
     if prefill is None and ttft is not None and queue is not None:
         prefill = max(0.0, ttft - queue)
@@ -113,24 +115,24 @@ def split(request_id: str, rows: Sequence[Mapping[str, Any]]) -> LatencySplit | 
         "engine": "reported by the engine for this request",
         "window_mean": "estimate: the engine's mean queue time over the last heartbeat window",
     }.get(str(method), "not reported")
-    admission_rest = _minus(offset, auth, route)
     phases = [
-        Phase("gateway: auth + reserve", auth),
-        Phase("gateway: route", route),
-        Phase(
-            "retries (earlier attempts)" if n > 1 else "gateway: other admission work",
-            admission_rest,
-            "accepted → this attempt published, less auth and route"
-            if n > 1
-            else "prompt estimate, building and publishing the attempt",
-        ),
-        Phase("NATS queue", nats, "published → a worker took it"),
-        Phase("worker intake + terminal publish", _minus(e2e, ttft, decode), "worker time outside the engine call"),
+        Phase("gateway: parse + validate", _f(ans, "parse_s"), "accepted → admission started"),
+        Phase("gateway: auth + reserve", _f(ans, "auth_s")),
+        Phase("gateway: route", _f(ans, "route_s")),
+        Phase("gateway: build + publish", _f(ans, "prep_s"), "routing decided → first attempt published"),
+    ]
+    if n > 1:
+        this, first = _f(ans, "dispatch_offset_s"), _f(ans, "first_dispatch_offset_s")
+        retries = None if this is None or first is None else max(0.0, this - first)
+        phases.append(Phase("retries (earlier attempts)", retries, "first attempt published → this one published"))
+    phases += [
+        Phase("NATS queue", _f(ans, "nats_queue_s"), "published → a worker took it"),
+        Phase("worker intake", _f(ans, "intake_s"), "took it → engine call sent"),
         Phase("engine queue", queue, queue_note),
         Phase("prefill", prefill, prefill_note),
-        Phase("decode", decode, "first → last token"),
+        Phase("decode", _f(ans, "decode_s"), "first → last token"),
+        Phase("worker: terminal message", _f(ans, "finish_s"), "last token → terminal message"),
     ]
-    total = None if offset is None or nats is None or e2e is None else offset + nats + e2e
     earlier = [
         f"attempt {int(r['attempt'])}: {r['outcome']}"
         + (f" ({r['error_code']})" if r.get("error_code") else "")
@@ -146,7 +148,7 @@ def split(request_id: str, rows: Sequence[Mapping[str, Any]]) -> LatencySplit | 
         deployment=str(ans["deployment"]),
         outcome=str(ans["outcome"]),
         completion_tokens=int(ans.get("completion_tokens") or 0),
-        total_s=total,
+        total_s=_f(ans, "wall_s"),
         phases=phases,
         earlier=earlier,
     )
@@ -158,7 +160,7 @@ def render(s: LatencySplit, width: int = 40) -> str:
     lines = [
         f"request {s.request_id}: {s.outcome} on {s.deployment}, attempt {s.answering_attempt} of {s.attempts}, "
         f"{s.completion_tokens} completion tokens",
-        "total (accepted → last token sent by the worker): "
+        "total (accepted → the worker's terminal message, measured apart from the phases): "
         + ("unknown" if s.total_s is None else f"{s.total_s * 1000:.1f} ms"),
         "",
         f"{'phase':<34} {'ms':>10} {'share':>6}  ",

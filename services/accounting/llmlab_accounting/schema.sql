@@ -59,6 +59,11 @@ CREATE TABLE IF NOT EXISTS attempts_raw
     route_s Nullable(Float64),                -- gateway: routing decision
     dispatch_offset_s Nullable(Float64),      -- gateway accepted → this attempt published
     engine_queue_method Nullable(String),     -- engine (reported per request) | window_mean (estimate)
+    parse_s Nullable(Float64),                -- gateway: accepted → admission started
+    prep_s Nullable(Float64),                 -- gateway: routing decided → the first attempt published
+    first_dispatch_offset_s Nullable(Float64),-- gateway: accepted → the first attempt published
+    intake_s Nullable(Float64),               -- worker: took it → engine call sent
+    finish_s Nullable(Float64),               -- worker: last token → terminal message
     input_usd_per_mtok Float64,
     output_usd_per_mtok Float64,
     cached_input_usd_per_mtok Nullable(Float64),
@@ -80,6 +85,11 @@ ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS auth_s Nullable(Float64) AFTER
 ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS route_s Nullable(Float64) AFTER auth_s;
 ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS dispatch_offset_s Nullable(Float64) AFTER route_s;
 ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS engine_queue_method Nullable(String) AFTER dispatch_offset_s;
+ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS parse_s Nullable(Float64) AFTER engine_queue_method;
+ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS prep_s Nullable(Float64) AFTER parse_s;
+ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS first_dispatch_offset_s Nullable(Float64) AFTER prep_s;
+ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS intake_s Nullable(Float64) AFTER first_dispatch_offset_s;
+ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS finish_s Nullable(Float64) AFTER intake_s;
 
 CREATE TABLE IF NOT EXISTS requests_raw
 (
@@ -230,6 +240,11 @@ SELECT
     p.route_s AS route_s,
     p.dispatch_offset_s AS dispatch_offset_s,
     p.engine_queue_method AS engine_queue_method,
+    p.parse_s AS parse_s,
+    p.prep_s AS prep_s,
+    p.first_dispatch_offset_s AS first_dispatch_offset_s,
+    p.intake_s AS intake_s,
+    p.finish_s AS finish_s,
     p.input_usd_per_mtok AS input_usd_per_mtok,
     p.output_usd_per_mtok AS output_usd_per_mtok,
     p.cached_input_usd_per_mtok AS cached_input_usd_per_mtok,

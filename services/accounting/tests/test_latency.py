@@ -19,18 +19,21 @@ def _row(**kw: Any) -> dict[str, Any]:
         "error_code": None,
         "worker_id": "w1",
         "deployment": "llama-8b-vllm",
-        "created_at": 0,
-        "ended_at": 0,
+        "wall_s": 0.645,  # ended_at - created_at: measured apart from the phases
+        "parse_s": 0.001,
         "auth_s": 0.010,
         "route_s": 0.004,
-        "dispatch_offset_s": 0.020,  # 6 ms of other gateway work
+        "prep_s": 0.002,
+        "first_dispatch_offset_s": 0.017,
+        "dispatch_offset_s": 0.017,
         "nats_queue_s": 0.030,
+        "intake_s": 0.003,
         "engine_queue_s": 0.050,
         "engine_queue_method": "engine",
         "ttft_s": 0.080,  # 50 queue + 30 prefill
         "prefill_s": 0.030,
         "decode_s": 0.500,
-        "e2e_s": 0.590,  # 10 ms outside the engine call
+        "finish_s": 0.007,
         "completion_tokens": 26,
     }
     return row | kw
@@ -40,36 +43,40 @@ def _phases(s: Any) -> dict[str, float | None]:
     return {p.name: p.seconds for p in s.phases}
 
 
-def test_one_attempt_splits_into_phases_that_add_up_to_the_total() -> None:
-    """Catches: a phase counted twice or left out (the parts no longer add up to the total)."""
+def test_one_attempt_splits_into_measured_phases_and_an_independent_total() -> None:
+    """Catches: a phase taken from another column, or computed from the total (the total is the
+    row's own wall-clock span, never a sum of phases)."""
     s = split("r1", [_row()])
     assert s is not None
-    got = _phases(s)
-    assert got == pytest.approx(
+    assert _phases(s) == pytest.approx(
         {
+            "gateway: parse + validate": 0.001,
             "gateway: auth + reserve": 0.010,
             "gateway: route": 0.004,
-            "gateway: other admission work": 0.006,
+            "gateway: build + publish": 0.002,
             "NATS queue": 0.030,
-            "worker intake + terminal publish": 0.010,
+            "worker intake": 0.003,
             "engine queue": 0.050,
             "prefill": 0.030,
             "decode": 0.500,
+            "worker: terminal message": 0.007,
         }
     )
-    assert s.total_s == pytest.approx(0.020 + 0.030 + 0.590)
-    assert s.accounted_s == pytest.approx(s.total_s)
+    assert s.total_s == 0.645 and s.accounted_s == pytest.approx(0.637) and not s.unmeasured
+    # A stamp missing from the row is shown as unmeasured, not as zero, and the sum falls short.
+    gap = split("r1", [_row(intake_s=None)])
+    assert gap is not None and gap.unmeasured == ["worker intake"] and gap.accounted_s == pytest.approx(0.634)
 
 
 def test_a_fallback_shows_the_earlier_attempts_as_retry_time() -> None:
     """Catches: the time lost on a failed first attempt attributed to admission or hidden."""
     rows = [
-        _row(attempt=2, dispatch_offset_s=5.014, worker_id="w2"),
-        _row(attempt=1, outcome="abandoned", source="gateway", error_code="queue_timeout", e2e_s=None),
+        _row(attempt=2, dispatch_offset_s=5.019, worker_id="w2"),
+        _row(attempt=1, outcome="abandoned", source="gateway", error_code="queue_timeout"),
     ]
     s = split("r1", rows)
     assert s is not None and s.answering_attempt == 2 and s.attempts == 2
-    assert _phases(s)["retries (earlier attempts)"] == pytest.approx(5.0)
+    assert _phases(s)["retries (earlier attempts)"] == pytest.approx(5.002)  # 5.019 - 0.017
     assert s.earlier == ["attempt 1: abandoned (queue_timeout) on llama-8b-vllm/w1"]
 
 

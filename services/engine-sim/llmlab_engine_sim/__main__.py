@@ -34,6 +34,7 @@ def parse_args(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--max-model-len", type=int, help="context length (prompt + max_tokens)")
     p.add_argument("--kv-cache-tokens", type=int, help="KV-cache capacity for the usage gauges")
     p.add_argument("--seed", type=int, help="seed of the generated text")
+    p.add_argument("--chunk-tokens", type=int, help="tokens per streamed chunk (vLLM merges deltas under load)")
     twin = p.add_argument_group("twin mode (--mode twin: the engine twin's step scheduler, simulated GPU)")
     twin.add_argument("--mode", choices=["fixed", "twin"], help="timing model (default fixed)")
     twin.add_argument("--twin-model", help="model of the roofline cost model (configs/models.yaml)")

@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from llmlab_common.messages import Endpoint, Usage
-from llmlab_common.openai_wire import SSE_DONE, ContentChunkEncoder, chunk, completion, object_id, sse
+from llmlab_common.openai_wire import SSE_DONE, ContentChunkEncoder, chunk, completion, object_id, sse, usage_dict
 from llmlab_common.runtime import ServiceState
 from llmlab_twin.sched import prompt_block_keys as twin_keys
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -78,6 +78,32 @@ class _Frames:
     def usage(self, usage: Usage) -> bytes:
         return sse(chunk(self.endpoint, self.oid, self.created, self.model, usage=usage))
 
+    # -- stream_options.continuous_usage_stats: the running usage on every chunk (as vLLM) --------
+    def role_with_usage(self, usage: Usage) -> bytes:
+        obj = chunk(self.endpoint, self.oid, self.created, self.model, role="assistant", text="")
+        obj["usage"] = usage_dict(usage)
+        return sse(obj)
+
+    def content_with_usage(self, text: str, finish_reason: str | None, usage: Usage) -> bytes:
+        if finish_reason is None and self.include_usage:
+            # The serialised template ends in '"usage":null}\n\n': put the usage in its place.
+            head = self.suffix[: -len(_NULL_USAGE_TAIL)]
+            return self.prefix + _encode(text) + head + _running_usage(usage) + b"}\n\n"
+        obj = chunk(self.endpoint, self.oid, self.created, self.model, text=text, finish_reason=finish_reason)
+        obj["usage"] = usage_dict(usage)
+        return sse(obj)
+
+
+_NULL_USAGE_TAIL = b"null}\n\n"
+
+
+def _running_usage(u: Usage) -> bytes:
+    return b'{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}' % (
+        u.prompt_tokens,
+        u.completion_tokens,
+        u.total_tokens,
+    )
+
 
 class _GenerationResponse(Response):
     """Streams (or, for ``stream: false``, waits for) one request's tokens. A task watches the
@@ -124,6 +150,10 @@ class _GenerationResponse(Response):
 
     async def _stream(self, send: Send) -> None:
         req, parsed = self._req, self._parsed
+        per_chunk = self._engine.settings.chunk_tokens
+        if per_chunk > 1 or (parsed.include_usage and parsed.continuous_usage):
+            await self._stream_grouped(send, per_chunk)
+            return
         frames = _Frames(
             parsed.endpoint,
             object_id(parsed.endpoint, req.id),
@@ -164,6 +194,53 @@ class _GenerationResponse(Response):
                         parts.append(frames.usage(self._usage()))
                     parts.append(SSE_DONE)
                 # Aborted (client gone, or server stopping): end the body without [DONE].
+                await send({"type": "http.response.body", "body": b"".join(parts), "more_body": False})
+                return
+            if parts:
+                await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+
+    async def _stream_grouped(self, send: Send, per_chunk: int) -> None:
+        """The stream with several tokens per chunk and/or the running usage on every chunk: the
+        general path (the one above is the fast path for one token per chunk and no usage)."""
+        req, parsed = self._req, self._parsed
+        frames = _Frames(
+            parsed.endpoint, object_id(parsed.endpoint, req.id), int(time.time()), parsed.model, parsed.include_usage
+        )
+        running = parsed.include_usage and parsed.continuous_usage
+        prompt = req.prompt_tokens
+        sink = req.sink
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        first = parsed.endpoint == "chat"
+        pending: list[str] = []
+        sent = 0
+        while True:
+            await sink.wait()
+            pending.extend(sink.take())
+            done = sink.closed and req.state is RequestState.DONE
+            if sink.closed and not done:
+                pending = []  # aborted: what was not sent is not sent
+            parts: list[bytes] = []
+            while len(pending) >= per_chunk or (done and pending):
+                group, pending = pending[:per_chunk], pending[per_chunk:]
+                sent += len(group)
+                if first:
+                    parts.append(frames.role_with_usage(Usage(prompt_tokens=prompt, total_tokens=prompt))
+                                 if running else frames.role())  # fmt: skip
+                    first = False
+                finish = (req.finish_reason or "stop") if done and not pending else None
+                text = "".join(group)
+                if running:
+                    usage = Usage(prompt_tokens=prompt, completion_tokens=sent, total_tokens=prompt + sent)
+                    parts.append(frames.content_with_usage(text, finish, usage))
+                elif finish is not None:
+                    parts.append(frames.final(text, finish))
+                else:
+                    parts.append(frames.prefix + _encode(text) + frames.suffix)
+            if sink.closed:
+                if done:
+                    if parsed.include_usage:
+                        parts.append(frames.usage(self._usage()))
+                    parts.append(SSE_DONE)
                 await send({"type": "http.response.body", "body": b"".join(parts), "more_body": False})
                 return
             if parts:

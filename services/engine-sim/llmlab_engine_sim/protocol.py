@@ -53,6 +53,7 @@ class ParsedRequest:
     max_tokens: int | None  # as requested; None: up to the context limit
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
@@ -165,7 +166,7 @@ def parse_generation(endpoint: Endpoint, raw: bytes, served_model: str, max_mode
         )
 
     stream = _opt_bool(body, "stream")
-    include_usage = False
+    include_usage = continuous_usage = False
     stream_options = body.get("stream_options")
     if stream_options is not None:
         if not stream:
@@ -173,6 +174,7 @@ def parse_generation(endpoint: Endpoint, raw: bytes, served_model: str, max_mode
         if not isinstance(stream_options, dict):
             raise bad_request("stream_options must be an object", "stream_options")
         include_usage = bool(stream_options.get("include_usage"))
+        continuous_usage = bool(stream_options.get("continuous_usage_stats"))
 
     return ParsedRequest(
         endpoint=endpoint,
@@ -182,6 +184,7 @@ def parse_generation(endpoint: Endpoint, raw: bytes, served_model: str, max_mode
         max_tokens=max_tokens,
         stream=stream,
         include_usage=include_usage,
+        continuous_usage=continuous_usage,
         stop=_stop_list(body),
         seed=_opt_int(body, "seed"),
         ignore_eos=_opt_bool(body, "ignore_eos"),

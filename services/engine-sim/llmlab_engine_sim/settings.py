@@ -36,6 +36,10 @@ class SimSettings(ServiceSettings):
     kv_cache_tokens: int = Field(default=262144, ge=1)
     # Seed of the generated text (with the prompt and the request's own ``seed``).
     seed: int = 0
+    # Tokens per streamed chunk: above 1, each content chunk carries that many tokens (the last
+    # one fewer), as vLLM merges output deltas into one chunk when its consumer lags. Tokens wait
+    # until a chunk is full, so a count is always exact and a test can rely on it.
+    chunk_tokens: int = Field(default=1, ge=1)
 
     # -- timing model -----------------------------------------------------------------------------
     # "fixed": the constant TTFT/ITL model above (the default). "twin": the engine twin's step

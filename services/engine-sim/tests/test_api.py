@@ -122,6 +122,32 @@ async def test_chat_streaming_with_usage(flavor: str) -> None:
     assert usage_chunk.usage.total_tokens == usage_chunk.usage.prompt_tokens + 6
 
 
+@pytest.mark.parametrize("chunk_tokens", [1, 4])
+async def test_continuous_usage_and_several_tokens_per_chunk(chunk_tokens: int) -> None:
+    """As vLLM with stream_options.continuous_usage_stats: every chunk carries the running usage;
+    with --chunk-tokens N each content chunk carries N tokens (6 tokens: 4 + 2). Catches a count
+    that drifts from the text: each generated token is one word."""
+    async with running_sim(chunk_tokens=chunk_tokens) as base:
+        oai = client(base)
+        stream = await oai.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},  # type: ignore[typeddict-unknown-key]
+        )
+        chunks = [c async for c in stream]
+        await oai.close()
+    first, *content, last = chunks
+    prompt = textgen.count_chat_tokens(MESSAGES)
+    assert first.usage is not None and (first.usage.prompt_tokens, first.usage.completion_tokens) == (prompt, 0)
+    words = [len((c.choices[0].delta.content or "").split()) for c in content]
+    assert words == ([1] * 6 if chunk_tokens == 1 else [4, 2])
+    running = [c.usage.completion_tokens for c in content if c.usage is not None]
+    assert running == [sum(words[: i + 1]) for i in range(len(words))]
+    assert content[-1].choices[0].finish_reason == "stop"
+    assert last.choices == [] and last.usage is not None and last.usage.completion_tokens == 6
+
+
 @flavors
 async def test_chat_non_streaming_length_and_determinism(flavor: str) -> None:
     async with running_sim(flavor=flavor) as base:

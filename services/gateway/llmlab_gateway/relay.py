@@ -74,6 +74,7 @@ async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -
         gw.require_model(body.model)
         hints = route_hints(request)
         # Authenticate and reserve (budget) before routing: over-budget work never reaches a worker.
+        parse_s = time.time() - created_at
         t_admit = time.perf_counter()
         admission = await gw.admitter.admit(
             api_key,
@@ -89,6 +90,7 @@ async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -
         principal = admission.principal
         ctx = CallContext(request_id, endpoint, body, principal, created_at, admission.max_tokens, hints)
         ctx.auth_s = time.perf_counter() - t_admit
+        ctx.parse_s = parse_s
         opened = await service.open(ctx)
     except LLMLabError as err:
         if ctx is not None:

@@ -134,8 +134,11 @@ class CallContext:
     hints: RouteHints = field(default_factory=RouteHints)
     prompt_hash: str | None = None  # set when the request is routed
     # Admission steps (seconds): carried to the worker and into the accounting rows.
+    parse_s: float | None = None  # accepted → admission started
     auth_s: float | None = None  # authenticate + reserve
     route_s: float | None = None  # the routing decision (set by CompletionService.open)
+    routed_at: float | None = None  # wall clock: the routing decision made
+    first_dispatched_at: float | None = None  # wall clock: the first attempt built and published
 
 
 @dataclass
@@ -166,7 +169,7 @@ class OpenedStream:
             batch: list[TokenChunk | StreamEnd] = []
             while msg is not None:
                 if isinstance(msg, TokenChunk):
-                    self.delivered_tokens += len(msg.token_times) or (1 if msg.text or msg.tool_calls else 0)
+                    self.delivered_tokens += msg.token_count()
                     batch.append(msg)
                 elif isinstance(msg, StreamEnd):
                     self.finished = True
@@ -265,6 +268,8 @@ class CompletionService:
         else:
             prompt = body.prompt_text()
         now = time.time()
+        if ctx.first_dispatched_at is None:
+            ctx.first_dispatched_at = now
         plan = self.catalog.plans.get(ctx.principal.plan)
         return InferenceRequest(
             request_id=ctx.request_id,
@@ -285,8 +290,11 @@ class CompletionService:
             start_deadline=now + queue_timeout,
             deadline=ctx.created_at + self.settings.request_timeout_s,
             route=route,
+            parse_s=ctx.parse_s,
             auth_s=ctx.auth_s,
             route_s=ctx.route_s,
+            prep_s=None if ctx.routed_at is None else ctx.first_dispatched_at - ctx.routed_at,
+            first_dispatch_offset_s=ctx.first_dispatched_at - ctx.created_at,
         )
 
     def route_query(self, ctx: CallContext) -> RouteQuery:
@@ -340,6 +348,7 @@ class CompletionService:
             reply = await self._route(ctx)
         finally:
             ctx.route_s = time.perf_counter() - t0
+            ctx.routed_at = time.time()
         targets = reply.targets[: self.settings.max_attempts]
         queue_timeout = self._queue_timeout(ctx.principal)
         failures: list[str] = []

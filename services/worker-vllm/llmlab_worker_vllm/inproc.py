@@ -189,7 +189,11 @@ class InProcessVllmAdapter(VllmAdapter):
                 at = time.monotonic()
                 o = out.outputs[0]
                 completion += len(o.token_ids)
-                ev = EngineEvent(at=at, text=o.text, finish_reason=o.finish_reason)
+                # DELTA outputs: the token ids generated since the last one (several when the
+                # engine ran ahead of this loop).
+                ev = EngineEvent(
+                    at=at, text=o.text, finish_reason=o.finish_reason, tokens=len(o.token_ids), engine_counted=True
+                )
                 stats = out.metrics
                 if not queue_told and stats is not None and stats.scheduled_ts:
                     ev.engine_queue_s = max(0.0, stats.scheduled_ts - stats.queued_ts)

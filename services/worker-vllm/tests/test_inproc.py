@@ -74,6 +74,8 @@ async def test_streams_tokens_usage_and_the_engines_own_timings(ns_stack: Stack,
         assert end.finish_reason == "length"
         assert end.usage.completion_tokens == 12 and end.usage.prompt_tokens > 5
         assert end.usage.total_tokens == end.usage.prompt_tokens + 12
+        # Each token message carries its count of token ids: they add up to the engine's total.
+        assert sum(ch.tokens or 0 for ch in chunks) == 12, [(ch.text, ch.tokens) for ch in chunks]
         times = [t for ch in chunks for t in ch.token_times]
         assert times == sorted(times) and len(times) >= 10
         t = end.timings
