@@ -81,9 +81,10 @@ class Panel:
     width: int = 8  # of 24 grid columns
     stack: bool = False
     threshold: float | None = None  # drawn red from this value on
-    # Its series exist only after an event a healthy run may not have (a retry, a preemption, a
-    # refusal): an empty answer is then no sign of a wrong query.
-    may_be_empty: bool = False
+    # Why the panel may show no data: its series exist only after an event a healthy run may not
+    # have (a retry, a preemption). Empty: the panel must have data whenever the stack served
+    # traffic (tests/e2e/test_observability.py requires it).
+    empty_because: str = ""
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class PanelQuery:
     unit: str
     stacked: bool = False
     threshold: float | None = None
-    may_be_empty: bool = False  # see Panel.may_be_empty
+    empty_because: str = ""  # see Panel.empty_because
 
     @property
     def queries(self) -> tuple[str, ...]:
@@ -146,7 +147,7 @@ def _p(
     width: int = 8,
     stack: bool = False,
     threshold: float | None = None,
-    may_be_empty: bool = False,
+    empty_because: str = "",
 ) -> Panel:
     return Panel(
         title,
@@ -157,7 +158,7 @@ def _p(
         width=width,
         stack=stack,
         threshold=threshold,
-        may_be_empty=may_be_empty,
+        empty_because=empty_because,
     )
 
 
@@ -317,7 +318,7 @@ USER_EXPERIENCE = Row(
             REQ_PER_S,
             _t('sum by (code) (llmlab:gateway_requests:rate5m{code!="ok",model=~"$model"})', "{{code}}"),
             about="Requests per second that did not end ok, by code: timeouts apart from server errors and refusals.",
-            may_be_empty=True,
+            empty_because="no request has failed since the gateway started",
         ),
         _p(
             "Requests/s by model and plan",
@@ -446,7 +447,7 @@ SCHEDULER = Row(
             _t(f"sum by (model) (rate(llmlab_gateway_retries_total{M}[5m]))", "retries {{model}}"),
             _t("sum by (why) (rate(llmlab_gateway_router_fallbacks_total[5m]))", "self-routed: {{why}}"),
             about="Attempts beyond the first (the fallback chain in use) and decisions the gateway made alone.",
-            may_be_empty=True,
+            empty_because="no retry, fallback or self-routed decision since the gateway started",
         ),
         _p(
             "Router decision time p95",
@@ -477,7 +478,7 @@ CACHE = Row(
             PER_S,
             _t(f"sum by (pool, engine) (rate(llmlab_worker_engine_preemptions_total{P}[5m]))", "{{pool}} {{engine}}"),
             about="Sequences the engines preempted (KV ran out: recompute or swap), per second.",
-            may_be_empty=True,
+            empty_because="no engine reports a preemption counter (the worker exports one only from the engine's)",
         ),
     ),
 )
@@ -534,7 +535,7 @@ COST = Row(
             PER_S,
             _t("sum by (reason) (rate(llmlab_budget_refusals_total[5m]))", "{{reason}}"),
             about="Requests the budget service refused before any GPU work, by reason.",
-            may_be_empty=True,
+            empty_because="the budget service has refused nothing since it started",
         ),
     ),
 )
@@ -676,7 +677,7 @@ def panels(dashboards: tuple[Dashboard, ...] = DASHBOARDS) -> list[PanelQuery]:
                         unit=p.unit,
                         stacked=p.stack,
                         threshold=p.threshold,
-                        may_be_empty=p.may_be_empty,
+                        empty_because=p.empty_because,
                     )
                 )
     return out

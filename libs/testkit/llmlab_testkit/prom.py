@@ -42,6 +42,15 @@ class Prometheus:
             raise AssertionError(f"query {expr!r} failed: {r.status_code} {body.get('error', r.text)}")
         return body["data"]
 
+    def query_range(self, expr: str, start: float, end: float, step_s: float = 1.0) -> dict[str, Any]:
+        """The ``data`` of a range query (what a time-series panel reads); a query error raises."""
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}"}
+        r = httpx.get(self.url + "/api/v1/query_range", params=params, timeout=30)
+        body = r.json()
+        if r.status_code != 200 or body.get("status") != "success":
+            raise AssertionError(f"range query {expr!r} failed: {r.status_code} {body.get('error', r.text)}")
+        return body["data"]
+
     def value(self, expr: str) -> float | None:
         """One number: the single sample of a vector or scalar result, None when it is empty."""
         data = self.query(expr)
