@@ -50,7 +50,7 @@ def run(*cmd: str | Path, cwd: Path | None = None) -> subprocess.CompletedProces
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheels")
     src = tmp_path_factory.mktemp("src")
-    for d in [*LIBS, *SERVICES]:
+    for d in [*LIBS, *SERVICES, "loadtest"]:
         # A clean copy: setuptools would pack stale modules left in a source tree's build/.
         copy = shutil.copytree(REPO / d, src / d, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
         run(UV, "build", "-q", "--wheel", "--out-dir", out, copy)
@@ -82,3 +82,15 @@ def test_the_contracts_need_no_web_stack(wheels: Path, tmp_path: Path) -> None:
     assert not [p for p in ("fastapi", "uvicorn", "nats-py", "prometheus-client") if f"{p}==" in installed]
     code = "import llmlab_common.rules, llmlab_common.messages, llmlab_common.catalog, llmlab_twin.replay"
     run(python, "-c", code, cwd=tmp_path)
+
+
+def test_the_load_client_needs_no_service(wheels: Path, tmp_path: Path) -> None:
+    """Catches: the load client or the benchmark metadata pulling in a service of this repository
+    (lab and experiments use them; a user drives any OpenAI-compatible URL with them)."""
+    python = fresh_venv(tmp_path / "venv", wheels, "llmlab-loadtest")
+    installed = run(UV, "pip", "freeze", "--python", python).stdout.lower()
+    services = [d for d, _ in SERVICES.values()] + ["llmlab-testkit", "llmlab-routing"]
+    assert not [d for d in services if f"{d}==" in installed], installed
+    run(python, "-c", "import llmlab_loadtest.sse_client, llmlab_loadtest.bench_meta", cwd=tmp_path)
+    usage = run(python, "-m", "llmlab_loadtest.sse_client", "--help", cwd=tmp_path).stdout
+    assert "--url" in usage
