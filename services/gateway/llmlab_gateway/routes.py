@@ -5,15 +5,45 @@ routes. Each is thin: authentication, admission and the relay are elsewhere
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from llmlab_gateway.deps import Gateway, GatewayDep, bearer_key
 from llmlab_gateway.relay import handle_completion
+from llmlab_gateway.schemas import ChatCompletionRequest, CompletionRequest
 from llmlab_gateway.sse import FastHandler
 
 router = APIRouter()
+
+# Checked by the request models beyond what their JSON schema says (documented on each route).
+_BEYOND_SCHEMA = (
+    "Besides the schema: n must be 1, at most 4 stop sequences, one prompt per request, a "
+    "tool_choice that names a tool needs tools. Errors: 400 with OpenAI's error object naming "
+    "the param."
+)
+
+
+def _request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI requestBody of a completion route: the JSON schema of the very model the
+    handler validates the body with (:func:`~llmlab_gateway.relay.handle_completion`), its
+    definitions inlined. The handler reads the raw body itself, on the fast path and here."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return inline(defs[ref.removeprefix("#/$defs/")])
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}
 
 
 @router.get("/v1/models")
@@ -34,12 +64,12 @@ async def get_model(model: str, request: Request, gw: GatewayDep) -> JSONRespons
     return JSONResponse({"id": model, "object": "model", "created": int(time.time()), "owned_by": "llm-inference-lab"})
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=_request_body(ChatCompletionRequest), description=_BEYOND_SCHEMA)
 async def chat_completions(request: Request, gw: GatewayDep) -> Response:
     return await handle_completion(request, gw, "chat")
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=_request_body(CompletionRequest), description=_BEYOND_SCHEMA)
 async def completions(request: Request, gw: GatewayDep) -> Response:
     return await handle_completion(request, gw, "completions")
 

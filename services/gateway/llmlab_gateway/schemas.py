@@ -1,5 +1,8 @@
 """OpenAI request bodies as pydantic models: validation errors become 400s naming the param.
-Unknown fields are accepted and ignored, as OpenAI-compatible servers commonly do."""
+Unknown fields are accepted and ignored, as OpenAI-compatible servers commonly do. Types are
+strict, as OpenAI's API and the JSON schema the gateway documents (its OpenAPI request bodies are
+these models' schemas): ``"stream": "yes"`` or ``"max_tokens": "5"`` is a 400, not coerced; an
+integer is a valid number."""
 
 from __future__ import annotations
 
@@ -9,12 +12,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -23,7 +26,7 @@ class ChatMessage(BaseModel):
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
