@@ -82,7 +82,7 @@ bench: install infra ## benchmarks -> results/: relay (stack vs simulator; defau
 	$(PY) -m llmlab_loadtest.router_bench
 	$(PY) -m llmlab_loadtest.accounting_bench
 
-bench-engine-modes: install install-vllm infra ## worker-vllm on real vLLM (CPU): HTTP server vs in-process engine, CPU per token -> results/engine-modes-*
+bench-engine-modes: install install-vllm infra ## worker-vllm on real vLLM (CPU): HTTP server vs in-process engine, CPU per token -> results/engine-modes/
 	$(PY) -m llmlab_loadtest.engine_mode_bench
 
 report: install ## accounting reports: reports/sql/*.sql -> reports/out/ tables + PNG plots (via the service on :8086, else its chdb dir)

@@ -33,7 +33,7 @@ In each phase:
 The target: >= 20,000 events/s sustained (capacity phase) with visibility <= 5 s (target phase),
 in the worst repeat. The machine is shared (2 cores for the service, nats-server and the
 publisher): the CPU of each, and of the whole machine, is reported beside the figures.
-Writes ``results/accounting-<UTC ts>.{json,md,png}``. A MISS does not fail the command.
+Writes ``results/accounting/<UTC ts>/result.{json,md,png}``. A MISS does not fail the command.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ import datetime as dt
 import importlib.metadata
 import json
 import logging
+import os
 import platform
+import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -133,10 +135,12 @@ def write_outputs(
     markdown: Callable[[dict[str, Any]], str],
     plot: Callable[[dict[str, Any], Path], None],
 ) -> dict[str, Path]:
-    """``<out_dir>/<prefix>-<UTC>.{json,md,png}``; a failed plot leaves the JSON and Markdown."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ts = started.strftime("%Y%m%dT%H%M%SZ")
-    paths = {ext: out_dir / f"{prefix}-{ts}.{ext}" for ext in ("json", "md", "png")}
+    """``<out_dir>/<prefix>/<UTC>/result.{json,md,png}``, then ``<out_dir>/<prefix>/latest`` points
+    at the run (a relative symlink) and ``<out_dir>/README.md`` indexes every benchmark; a failed
+    plot leaves the JSON and Markdown."""
+    run_dir = out_dir / prefix / started.strftime("%Y%m%dT%H%M%SZ")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    paths = {ext: run_dir / f"result.{ext}" for ext in ("json", "md", "png")}
     paths["json"].write_text(json.dumps(doc, indent=1))
     paths["md"].write_text(markdown(doc))
     try:
@@ -144,4 +148,52 @@ def write_outputs(
     except Exception:
         log.exception("plot failed (the JSON and Markdown are written)")
         paths.pop("png")
+    latest = out_dir / prefix / LATEST
+    tmp = latest.with_name(LATEST + ".tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(run_dir.name)
+    tmp.replace(latest)  # atomic: a reader sees the old run or the new one
+    paths["latest"] = latest
+    write_index(out_dir)
     return paths
+
+
+LATEST = "latest"
+_RUN = re.compile(r"^\d{8}(T\d{6}Z)?$")
+
+
+def index_markdown(out_dir: Path) -> str:
+    """The index of ``results/``: one line per benchmark folder (its runs, its latest run) and the
+    files kept at the top level. Runs are ``<bench>/<UTC timestamp or date>/``."""
+    lines = [
+        "# Results",
+        "",
+        "Written by `make bench`, `make experiments` and the lab tools; one folder per benchmark or",
+        "experiment, one folder per run inside (`<UTC timestamp>` or `<date>`) with its `result.json`,",
+        "`result.md` and `result.png` (studies keep their own files), and `latest` pointing at the newest",
+        "run. This index is rewritten by every benchmark run (`llmlab_loadtest.bench_meta.write_index`);",
+        "`loadtest/tests/test_results_layout.py` keeps it current.",
+        "",
+        "| benchmark | runs | latest |",
+        "|---|---:|---|",
+    ]
+    loose = []
+    for d in sorted(out_dir.iterdir()):
+        if d.name == "README.md":
+            continue
+        if not d.is_dir():
+            loose.append(d.name)
+            continue
+        runs = sorted(r.name for r in d.iterdir() if r.is_dir() and not r.is_symlink() and _RUN.match(r.name))
+        link = d / LATEST
+        latest = os.readlink(link) if link.is_symlink() else (runs[-1] if runs else "")
+        lines.append(f"| `{d.name}/` | {len(runs) or 'one, in place'} | {f'`{latest}`' if latest else '—'} |")
+    if loose:
+        lines += ["", "Single files of tools that overwrite them: " + ", ".join(f"`{n}`" for n in loose) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def write_index(out_dir: Path) -> Path:
+    path = out_dir / "README.md"
+    path.write_text(index_markdown(out_dir))
+    return path

@@ -29,7 +29,7 @@ counted, so an overload shows as achieved < offered rate. Latency is ``perf_coun
 each awaited call, so it includes the client's connection-pool wait and event-loop delay: the
 client processes' CPU is reported beside it.
 CPU of Redis (``INFO cpu``), the budget service, nats-server and the whole machine is measured
-over the measured window. Writes ``results/budget-<UTC ts>.{json,md,png}``. The target is a
+over the measured window. Writes ``results/budget/<UTC ts>/result.{json,md,png}``. The target is a
 benchmark figure, not a test: MISS does not fail the command.
 """
 

@@ -15,7 +15,7 @@ The cost compared is the CPU of everything between NATS and vLLM's engine core p
 token: the worker, plus in http mode the API server process (its HTTP, SSE JSON, detokenizing);
 in inproc mode the worker does the detokenizing itself. The engine core processes (the model on
 the CPU) are measured apart: they do the same work both ways. Writes
-``results/engine-modes-<UTC>.{json,md,png}`` with the metadata block. Real engine, not simulated.
+``results/engine-modes/<UTC ts>/result.{json,md,png}`` with the metadata block. Real engine, not simulated.
 """
 
 from __future__ import annotations

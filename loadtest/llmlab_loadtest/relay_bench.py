@@ -11,7 +11,7 @@ a warm-up run per mode comes first (reported apart), then measured runs interlea
 direct, stack ... The load client is :mod:`llmlab_loadtest.sse_client` in its own process. While a run
 goes, psutil samples CPU seconds and RSS of the simulator, worker, gateway, nats-server and client.
 
-Writes ``results/relay-<UTC ts>.{json,md,png}`` and ``results/relay-latest.json``. The targets
+Writes ``results/relay/<UTC ts>/result.{json,md,png}`` and ``results/relay/latest/result.json``. The targets
 (added TTFT p50 <= 5 ms and p99 <= 25 ms, >= 95 % of direct tokens/s at 1,000 streams) are
 benchmark figures, not a test: MISS does not fail the command (exit status 0 unless the
 benchmark itself broke).
@@ -49,7 +49,7 @@ from llmlab_common.messages import HEARTBEAT_MISSES
 from llmlab_testkit.budget import BudgetAdmin
 from llmlab_testkit.procs import ManagedProcess, Stack, unique_namespace, url
 
-from llmlab_loadtest.bench_meta import cpu_model, dist_version, git
+from llmlab_loadtest.bench_meta import cpu_model, dist_version, git, write_outputs
 from llmlab_loadtest.sse_client import percentile, raise_nofile_limit
 
 log = logging.getLogger("relay_bench")
@@ -57,7 +57,7 @@ log = logging.getLogger("relay_bench")
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 API_KEY = "sk-llmlab-dev"
 POOL = "gpu-vllm"
-# --workload -> results/<name>-<ts>.*
+# --workload -> results/<name>/<ts>/
 WORKLOAD_NAMES = {"default": "relay", "gpu-like": "relay-gpu", "capacity": "relay-capacity"}
 MODES = ("direct", "stack")
 SERVICES = ("simulator", "worker", "gateway", "nats-server")
@@ -109,7 +109,7 @@ class BenchConfig:
 
     @property
     def name(self) -> str:
-        """results/<name>-<UTC ts>.*"""
+        """results/<name>/<UTC ts>/"""
         return WORKLOAD_NAMES[self.workload]
 
 
@@ -125,12 +125,7 @@ def rerender(path: Path) -> dict[str, Path]:
     md, png = path.with_suffix(".md"), path.with_suffix(".png")
     md.write_text(render_markdown(doc))
     render_plot(doc, png)
-    paths = {"json": path, "md": md, "png": png}
-    latest = path.parent / f"{path.stem.rsplit('-', 1)[0]}-latest.json"  # relay-, relay-gpu-, relay-capacity-latest
-    if latest.exists() and json.loads(latest.read_text()).get("metadata", {}).get("date") == doc["metadata"]["date"]:
-        shutil.copyfile(path, latest)
-        paths["latest"] = latest
-    return paths
+    return {"json": path, "md": md, "png": png}  # rewritten in place: the latest pointer still holds
 
 
 def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
@@ -1645,27 +1640,6 @@ def build_document(cfg: BenchConfig, bench: Bench, started: dt.datetime, duratio
     }
 
 
-def write_outputs(doc: dict[str, Any], out_dir: Path, started: dt.datetime, name: str = "relay") -> dict[str, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ts = started.strftime("%Y%m%dT%H%M%SZ")
-    paths = {
-        "json": out_dir / f"{name}-{ts}.json",
-        "md": out_dir / f"{name}-{ts}.md",
-        "png": out_dir / f"{name}-{ts}.png",
-        "latest": out_dir / f"{name}-latest.json",
-    }
-    text = json.dumps(doc, indent=1)
-    paths["json"].write_text(text)
-    paths["md"].write_text(render_markdown(doc))
-    try:
-        render_plot(doc, paths["png"])
-    except Exception:
-        log.exception("plot failed (the JSON and Markdown are written)")
-        paths.pop("png")
-    shutil.copyfile(paths["json"], paths["latest"])
-    return paths
-
-
 def report_lines(doc: dict[str, Any], paths: dict[str, Path]) -> list[str]:
     """The human-readable end-of-run report."""
 
@@ -1732,7 +1706,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         bench.close()
-    paths = write_outputs(doc, cfg.out_dir, started, cfg.name)
+    paths = write_outputs(doc, cfg.out_dir, started, cfg.name, render_markdown, render_plot)
     for line in report_lines(doc, paths):
         print(line)  # noqa: T201
     log.info("done in %.0fs", time.monotonic() - bench.t_start)

@@ -23,7 +23,7 @@ this process asks it exactly as the gateway's ``RemoteRouter`` does (``nc.reques
 in-process here (the gateway's embedded mode). The added latency of the round trip is the
 difference, per call pair. Router process CPU and this process's CPU are reported.
 
-Writes ``results/router-<UTC ts>.{json,md,png}`` with the §12 metadata block.
+Writes ``results/router/<UTC ts>/result.{json,md,png}`` with the §12 metadata block.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ QuickRun = tuple[Path, dict[str, Any], subprocess.CompletedProcess[str]]
 @pytest.fixture
 def quick_bench(tmp_path: Path) -> Callable[..., QuickRun]:
     """Run a benchmark module (``python -m llmlab_loadtest.<bench>``) with ``--quick`` into
-    ``tmp_path`` and check what every benchmark writes: one stamped ``<prefix>-<ts>.json`` with
+    ``tmp_path`` and check what every benchmark writes: one ``<prefix>/<ts>/result.json`` with
     its ``.md`` and ``.png``, and a metadata block with every required field filled.
     Returns (the JSON's path, its document, the process)."""
 
@@ -35,9 +35,12 @@ def quick_bench(tmp_path: Path) -> Callable[..., QuickRun]:
             timeout=timeout,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
-        stamped = sorted(tmp_path.glob(f"{prefix}-2*.json"))
+        stamped = sorted(tmp_path.glob(f"{prefix}/2*/result.json"))
         assert len(stamped) == 1
         assert stamped[0].with_suffix(".md").exists() and stamped[0].with_suffix(".png").exists()
+        # The benchmark's latest pointer is this run, and the index lists the benchmark.
+        assert (tmp_path / prefix / "latest").resolve() == stamped[0].parent.resolve()
+        assert f"| `{prefix}/` | 1 | `{stamped[0].parent.name}` |" in (tmp_path / "README.md").read_text()
         doc = json.loads(stamped[0].read_text())
         meta = doc["metadata"]
         for key in (*METADATA_FIELDS, *extra_fields):

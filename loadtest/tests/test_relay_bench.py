@@ -172,7 +172,7 @@ REQUIRED_METADATA = (*METADATA_FIELDS, "simulated_note")
 def test_quick_bench_end_to_end(quick_bench: Callable[..., Any]) -> None:
     """``relay_bench.py --quick``: the whole stack plus the simulator, levels 1 and 100 (about a minute)."""
     js, latest, proc = quick_bench(BENCH, "relay", out_flag="--out-dir", extra_fields=("simulated_note",))
-    assert json.loads((js.parent / "relay-latest.json").read_text()) == latest
+    assert json.loads((js.parent.parent / "latest" / "result.json").read_text()) == latest
     meta = latest["metadata"]
     assert meta["simulated"] is True and meta["gpu"] == "none (simulated)"
     runs = latest["runs"]

@@ -15,7 +15,7 @@ from llmlab_loadtest.bench_meta import METADATA_FIELDS
 def test_quick_run_writes_every_output(tmp_path: Path) -> None:
     """Catches: a MET/MISS verdict (JSON or Markdown) that disagrees with the measured p99."""
     assert rb.main(["--quick", "--workers", "16", "--out", str(tmp_path)]) == 0
-    (js,) = tmp_path.glob("router-*.json")
+    (js,) = tmp_path.glob("router/2*/result.json")
     doc = json.loads(js.read_text())
     assert set(METADATA_FIELDS) <= set(doc["meta"]) and doc["meta"]["simulated"] is False
     ip = doc["inprocess"]

@@ -1,7 +1,7 @@
 """The docs' met / MISS words about benchmark runs agree with the committed results they cite.
 
 Each claim unit is a table row or a sentence of a doc that cites one or more runs
-(``results/<bench>-<UTC timestamp>``) and says MET/met/meets or MISS about them. The verdict of a
+(``results/<bench>/<UTC timestamp>``) and says MET/met/meets or MISS about them. The verdict of a
 run is read from its JSON in ``results/`` (accounting's ingest figures are recomputed from the
 summary against the target): MET when every target of the run passed, MISS when any missed."""
 
@@ -25,7 +25,7 @@ DOCS = sorted(
         *REPO.glob("loadtest/*.md"),
     }
 )
-RUN = re.compile(r"results/((?:relay(?:-gpu|-capacity)?|budget|router|accounting)-\d{8}T\d{6}Z)\b")
+RUN = re.compile(r"results/((?:relay(?:-gpu|-capacity)?|budget|router|accounting)/\d{8}T\d{6}Z)\b")
 MET = re.compile(r"\b(?:MET|met|meets?|PASS)\b")
 MISS = re.compile(r"\bMISS\b")
 ACCOUNTING_RATE, ACCOUNTING_VISIBILITY_S = 20_000, 5.0  # the ingest target (docs/accounting.md)
@@ -33,8 +33,8 @@ ACCOUNTING_RATE, ACCOUNTING_VISIBILITY_S = 20_000, 5.0  # the ingest target (doc
 
 def verdict(run: str) -> str:
     """MET or MISS for one committed run, from its JSON."""
-    data = json.loads((REPO / "results" / f"{run}.json").read_text())
-    kind = run.split("-", 1)[0]
+    data = json.loads((REPO / "results" / run / "result.json").read_text())
+    kind = run.split("/", 1)[0].split("-", 1)[0]
     if kind == "router":
         ok = bool(data["inprocess"]["meets_target_all"])
     elif kind == "accounting":

@@ -26,8 +26,10 @@ DOCS = sorted(
 )
 # Top-level names a path in the docs starts with (anything else in backticks is not a path).
 ROOTS = ("libs/", "services/", "lab/", "loadtest/", "experiments/", "docs/", "configs/", "scripts/", "infra/", "tests/")
+ROOTS += ("results/",)  # committed runs are cited by path: a moved or deleted run fails here
 ROOTS += ("reports/sql", "Makefile", "Dockerfile", "docker-compose.yml", "pyproject.toml", "requirements-dev.txt")
-GENERATED = ("results/", "reports/out", ".run/")  # written by commands, not committed (some are)
+GENERATED = ("reports/out", ".run/")  # written by commands, not committed
+OUTPUT_FLAGS = ("--out", "--out-dir", ">")  # the path after one is what a command will write
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 CODE = re.compile(r"```.*?```|`[^`\n]+`", re.S)  # fenced blocks and code spans: commands live there
 PYTHON_M = re.compile(r"python -m ([A-Za-z_][\w.]*\w)(?![\w.*])")
@@ -45,9 +47,11 @@ def _missing_paths(doc: Path, text: str) -> list[str]:
         if not link.startswith(("http://", "https://", "mailto:")) and not (doc.parent / link).exists():
             missing.append(link)
     for code in CODE.findall(text):
-        for word in code.split():
-            word = word.strip("`'\",;:()").split(":")[0]
-            if not word.startswith(ROOTS) or any(ch in word for ch in "*<>{}$|[]"):
+        previous = ""
+        for raw in code.split():
+            word = raw.strip("`'\",;:()").split(":")[0]
+            written, previous = previous in OUTPUT_FLAGS, raw
+            if written or not word.startswith(ROOTS) or any(ch in word for ch in "*<>{}$|[]"):
                 continue
             if not (REPO / word).exists() and not (doc.parent / word).exists():
                 missing.append(word)

@@ -163,9 +163,15 @@ def test_every_exposition_stays_inside_the_label_allow_list_and_series_bound(run
     assert not problems, problems
 
 
-# The docs a user reads for metric names: docs/ and every README.
+# The docs a user reads for metric names: docs/, the README and every package's README.
 DOCS = sorted(
-    [*REPO.glob("docs/*.md"), *REPO.glob("README.md"), *REPO.glob("*/README.md"), *REPO.glob("*/*/README.md")]
+    [
+        *REPO.glob("docs/*.md"),
+        REPO / "README.md",
+        *REPO.glob("*/README.md"),
+        *REPO.glob("libs/*/README.md"),
+        *REPO.glob("services/*/README.md"),
+    ]
 )
 PACKAGES = {p.name for p in REPO.glob("*/*/llmlab_*") if p.is_dir()} | {p.name for p in REPO.glob("*/llmlab_*")}
 

@@ -122,6 +122,17 @@ async def _run(w: Worker, req: InferenceRequest, msg: FakeMsg | None = None) -> 
     return run
 
 
+async def _cancel_after(w: Worker, sent: list[Any], messages: int) -> _Running:
+    """Run an attempt and cancel it once ``messages`` stream messages went out."""
+    run = await _run(w, _req())
+    assert run.task is not None
+    while len(sent) < messages:
+        await asyncio.sleep(0.01)
+    run.task.cancel()
+    await asyncio.gather(run.task, return_exceptions=True)
+    return run
+
+
 def _kinds(sent: list[Any]) -> list[str]:
     return [type(m).__name__ for m in sent]
 
@@ -144,12 +155,7 @@ async def test_cancel_mid_stream_counts_the_delivered_tokens_and_closes_the_engi
     """Catches: a cancelled attempt reported without usage (nothing to charge for what was
     delivered), a StreamEnd sent after a cancel, or an engine stream left open."""
     w, sent, js = _worker(["a", "b", 5.0, "never"])
-    run = await _run(w, _req())
-    assert run.task is not None
-    while len(sent) < 3:
-        await asyncio.sleep(0.01)
-    run.task.cancel()
-    await asyncio.gather(run.task, return_exceptions=True)
+    run = await _cancel_after(w, sent, 3)
     assert _kinds(sent) == ["StreamStarted", "TokenChunk", "TokenChunk"]
     assert [(e.outcome, e.usage.completion_tokens if e.usage else None) for e in js.events] == [("cancelled", 2)]
     assert w.adapter.closed and run.msg.acks == 1  # type: ignore[attr-defined]
@@ -161,12 +167,7 @@ async def test_chunks_that_carry_several_tokens_are_counted_as_such() -> None:
     attempt reports the tokens generated, not the chunks."""
     three = EngineEvent(at=time.monotonic(), text=" a b c", tokens=3)
     w, sent, js = _worker([three, EngineEvent(at=time.monotonic(), text=" d", tokens=1), 5.0, "never"])
-    run = await _run(w, _req())
-    assert run.task is not None
-    while len(sent) < 3:
-        await asyncio.sleep(0.01)
-    run.task.cancel()
-    await asyncio.gather(run.task, return_exceptions=True)
+    await _cancel_after(w, sent, 3)
     assert [m.tokens for m in sent if type(m).__name__ == "TokenChunk"] == [3, 1]
     assert [(e.outcome, e.usage.completion_tokens if e.usage else None) for e in js.events] == [("cancelled", 4)]
 

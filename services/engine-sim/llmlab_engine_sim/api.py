@@ -188,16 +188,23 @@ class _GenerationResponse(Response):
                         parts.append(frames.final(text, req.finish_reason or "stop"))
                     elif text:
                         parts.append(prefix + _encode(text) + suffix)
-            if sink.closed:
-                if done:
-                    if parsed.include_usage:
-                        parts.append(frames.usage(self._usage()))
-                    parts.append(SSE_DONE)
-                # Aborted (client gone, or server stopping): end the body without [DONE].
-                await send({"type": "http.response.body", "body": b"".join(parts), "more_body": False})
+            if await self._send_parts(send, frames, parts, sink.closed, done):
                 return
-            if parts:
-                await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+
+    async def _send_parts(self, send: Send, frames: _Frames, parts: list[bytes], closed: bool, done: bool) -> bool:
+        """Send what one wake-up produced; True when the stream ended. A finished stream ends with
+        the usage chunk (when asked) and [DONE]; an aborted one (client gone, server stopping)
+        without [DONE]."""
+        if closed:
+            if done:
+                if self._parsed.include_usage:
+                    parts.append(frames.usage(self._usage()))
+                parts.append(SSE_DONE)
+            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": False})
+            return True
+        if parts:
+            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+        return False
 
     async def _stream_grouped(self, send: Send, per_chunk: int) -> None:
         """The stream with several tokens per chunk and/or the running usage on every chunk: the
@@ -236,15 +243,8 @@ class _GenerationResponse(Response):
                     parts.append(frames.final(text, finish))
                 else:
                     parts.append(frames.prefix + _encode(text) + frames.suffix)
-            if sink.closed:
-                if done:
-                    if parsed.include_usage:
-                        parts.append(frames.usage(self._usage()))
-                    parts.append(SSE_DONE)
-                await send({"type": "http.response.body", "body": b"".join(parts), "more_body": False})
+            if await self._send_parts(send, frames, parts, sink.closed, done):
                 return
-            if parts:
-                await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
 
     async def _complete(self, send: Send) -> None:
         req, parsed = self._req, self._parsed

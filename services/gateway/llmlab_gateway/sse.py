@@ -27,7 +27,7 @@ class RawSendApp(FastAPI):
     """FastAPI that keeps the server's own ``send`` in each HTTP scope (for :class:`SseResponse`),
     and serves the POST routes in ``fast_routes`` as plain ASGI: without routing, dependency
     solving and the Starlette/FastAPI middleware, which were about a fifth of the gateway's CPU
-    per request (``results/relay-cost-split-20261203``). A fast handler answers every error itself
+    per request (``results/relay-cost-split/20261203``). A fast handler answers every error itself
     (in OpenAI's shape); ``unexpected`` turns anything else into a 500 of that shape. The same
     routes stay registered on the app (OpenAPI, other methods, a fallback)."""
 
