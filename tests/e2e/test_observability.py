@@ -37,6 +37,7 @@ from tests.e2e.test_accounting import list_prices
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 STREAMED, UNARY, REFUSED, UNKNOWN_MODEL, BAD_KEY = 60, 30, 8, 4, 3
+ATTRIBUTION_PERIOD_S = 3600  # LLMLAB_ACCOUNTING_ATTRIBUTION_PERIOD_S of the run below
 ADMIN = {"Authorization": f"Bearer {DEV_ADMIN_KEY}"}
 
 
@@ -47,6 +48,7 @@ class Run:
     acc: ManagedProcess
     scraped: dict[str, ManagedProcess]  # job name -> process
     started: float  # wall clock: the stack started (the panels' range queries begin here)
+    attributed_until: float  # the end the test gave GPU attribution (its last period ends there)
 
 
 async def _load(gw: ManagedProcess, pro: str, free: str, tiny: str) -> None:
@@ -107,7 +109,10 @@ def run() -> Iterator[Run]:
         # Hour-long attribution periods: the loop never attributes (and exports) another period
         # than the one the test asks for below, so the cost gauges are that period's.
         acc = stack.accounting(
-            env={"LLMLAB_ACCOUNTING_FLUSH_INTERVAL_S": "0.2", "LLMLAB_ACCOUNTING_ATTRIBUTION_PERIOD_S": "3600"}
+            env={
+                "LLMLAB_ACCOUNTING_FLUSH_INTERVAL_S": "0.2",
+                "LLMLAB_ACCOUNTING_ATTRIBUTION_PERIOD_S": str(ATTRIBUTION_PERIOD_S),
+            }
         )
         started = time.time()
         scraped = {"gateway": gw, "budget": budget, "router": router, "accounting": acc}
@@ -127,7 +132,9 @@ def run() -> Iterator[Run]:
             if sql(acc, "SELECT count() FROM attempts WHERE outcome = 'completed'") == [[want]]:
                 break
             asyncio.run(asyncio.sleep(0.2))
-        r = httpx.post(url(acc) + "/admin/v1/attribute", json={"start": started}, headers=ADMIN, timeout=60)
+        attributed_until = time.time()
+        window = {"start": started, "end": attributed_until}
+        r = httpx.post(url(acc) + "/admin/v1/attribute", json=window, headers=ADMIN, timeout=60)
         assert r.status_code == 200 and r.json()["periods"] >= 1, r.text
         asyncio.run(asyncio.sleep(3.5))
         yield Run(
@@ -142,6 +149,7 @@ def run() -> Iterator[Run]:
                 "sim-sglang": sims[1],
             },
             started,
+            attributed_until,
         )
     finally:
         crashed = [p.name for p in stack.procs if p.crashed()]
@@ -276,8 +284,12 @@ def _bucket(v: float) -> int:
 
 def test_dashboard_figures_agree_with_the_raw_rows_in_clickhouse(run: Run) -> None:
     """Catches: the gateway counting a request, a token or an error that accounting does not (or
-    the reverse), a TTFT histogram fed another figure than the rows, and token counters that do not
-    add up to the list cost. Raw tables (attempts_raw, requests_raw) are read, not the views."""
+    the reverse), a TTFT histogram fed another figure than the rows, token counters that do not
+    add up to the list cost, and a Cost panel (its own expression) that disagrees with the GPU
+    cost computed here from the catalog's prices and the raw rows: a wrong price or GPU count,
+    idle time left out, an attempt counted twice. Raw tables (attempts_raw, requests_raw) are
+    read, not the views. The request, token and error counts read the counters the rate panels
+    are built on: a rate over 5 minutes cannot give an exact count back."""
     p, acc = run.prom, run.acc
     ok_prom = p.value('sum(llmlab_gateway_requests_total{status="200"})')
     ok_ch = sql(acc, "SELECT uniqExact(request_id) FROM attempts_raw WHERE outcome = 'completed'")[0][0]
@@ -331,19 +343,42 @@ def test_dashboard_figures_agree_with_the_raw_rows_in_clickhouse(run: Run) -> No
     print(f"list cost: Prometheus tokens x catalog prices ${cost_prom:.8f}, ClickHouse ${cost_ch:.8f}")
     assert cost_ch > 0 and abs(cost_prom - cost_ch) <= 0.01 * cost_ch
 
-    # The cost row's GPU cost per request: accounting's gauge of the attributed period against
-    # that period's rows in gpu_attribution.
-    gauge = {
-        s["metric"]["model"]: float(s["value"][1])
-        for s in p.query("llmlab_accounting_gpu_cost_usd_per_request")["result"]
+    # The Cost row, through its panels' own expressions, against a computation of ours from the
+    # catalog's prices and the raw attempt rows (not from accounting's attribution). The gauges
+    # show the last attributed period, [its aligned start, the end the test gave): every worker
+    # with an attempt in it costs $/GPU-hour x gpu_count for the period's length, idle included.
+    period_end = run.attributed_until
+    period_start = (period_end // ATTRIBUTION_PERIOD_S) * ATTRIBUTION_PERIOD_S
+    hours = (period_end - period_start) / 3600
+    catalog = yaml.safe_load((REPO / "configs" / "catalog.yaml").read_text())
+    gpu_price = {g["gpu"]: float(g["usd_per_hour"]) for g in catalog["prices"]["gpus"]}
+    per_hour_of = {
+        d["model"]: gpu_price[d["gpu"]] * int(d.get("gpu_count", 1))
+        for d in catalog["deployments"]
+        if d["id"] in ("llama-8b-vllm", "qwen3-32b-sglang")
     }
-    rows = dict(
-        sql(
+    attempts = {
+        m: (workers, n, tokens)
+        for m, workers, n, tokens in sql(
             acc,
-            "SELECT model, sum(gpu_cost_usd) / count() FROM gpu_attribution FINAL "
-            "WHERE period_start = (SELECT max(period_start) FROM gpu_attribution) GROUP BY model",
+            "SELECT model, uniqExact(worker_id), count(), sum(prompt_tokens + completion_tokens) FROM attempts_raw "
+            "FINAL WHERE source = 'worker' AND started_at IS NOT NULL "
+            f"AND toFloat64(started_at) < {period_end} AND toFloat64(ended_at) >= {period_start} GROUP BY model",
         )
-    )
-    print(f"GPU cost per request: Prometheus {gauge}, ClickHouse {rows}")
-    assert set(gauge) == set(rows) == {LLAMA, QWEN}
-    assert all(rows[m] > 0 and abs(gauge[m] - rows[m]) <= 0.01 * rows[m] for m in rows)
+    }
+    want = {
+        "GPU cost per hour": {m: per_hour_of[m] * w for m, (w, _, _) in attempts.items()},
+        "GPU cost per request": {m: per_hour_of[m] * w * hours / n for m, (w, n, _) in attempts.items()},
+        "GPU cost per 1M tokens": {m: per_hour_of[m] * w * hours / t * 1e6 for m, (w, _, t) in attempts.items()},
+    }
+    from llmlab_lab.dashboards import panels
+
+    cost_panels = [q for q in panels() if q.row == "Cost" and q.title in want]
+    assert sorted(q.title for q in cost_panels) == sorted(want), "a Cost panel was renamed or removed"
+    for panel in cost_panels:
+        (expr,) = panel.queries
+        got = {s["metric"]["model"]: float(s["value"][1]) for s in p.query(expr)["result"]}
+        print(f"{panel.title}: panel {got}, catalog x raw rows {want[panel.title]}")
+        assert set(got) == set(want[panel.title]) == {LLAMA, QWEN}, panel.title
+        for m, v in want[panel.title].items():
+            assert got[m] == pytest.approx(v, rel=1e-6), (panel.title, m)
