@@ -230,12 +230,14 @@ class OpenAIEngineAdapter:
                     data = raw[5:].strip()
                     if data == b"[DONE]":
                         return
-                    event = self.parse_chunk(orjson.loads(data), time.monotonic(), req.endpoint == "chat")
+                    obj = orjson.loads(data)
+                    event = self.parse_chunk(obj, time.monotonic(), req.endpoint == "chat")
                     if event is not None:
-                        if event.usage is not None:
+                        running = (obj.get("usage") or {}).get("completion_tokens")
+                        if running is not None:
                             event.engine_counted = True
-                            event.tokens = max(0, event.usage.completion_tokens - counted)
-                            counted = max(counted, event.usage.completion_tokens)
+                            event.tokens = max(0, running - counted)
+                            counted = max(counted, running)
                         yield event
             except aiohttp.ClientPayloadError as exc:
                 raise EngineRequestError(0, f"engine stream broke: {exc}") from exc
@@ -248,14 +250,6 @@ class OpenAIEngineAdapter:
             raise EngineRequestError(int(err.get("code", 500)) if isinstance(err, dict) else 500, msg)
         event = EngineEvent(at=at)
         usage = obj.get("usage")
-        if usage:
-            details = usage.get("prompt_tokens_details") or {}
-            event.usage = Usage(
-                prompt_tokens=usage.get("prompt_tokens", 0),
-                completion_tokens=usage.get("completion_tokens", 0),
-                total_tokens=usage.get("total_tokens", 0),
-                cached_tokens=details.get("cached_tokens"),
-            )
         choices = obj.get("choices") or []
         if choices:
             choice = choices[0]
@@ -266,7 +260,18 @@ class OpenAIEngineAdapter:
             else:
                 event.text = choice.get("text") or ""
             event.finish_reason = choice.get("finish_reason")
-        if not event.text and event.tool_calls is None and event.finish_reason is None and event.usage is None:
+        # With continuous_usage_stats every chunk carries the running usage; only the one that
+        # closes the stream (the usage chunk, or the finishing chunk) becomes the attempt's usage,
+        # so no model is built per token (stream() takes each chunk's count from the raw dict).
+        if usage and (not choices or event.finish_reason is not None):
+            details = usage.get("prompt_tokens_details") or {}
+            event.usage = Usage(
+                prompt_tokens=usage.get("prompt_tokens", 0),
+                completion_tokens=usage.get("completion_tokens", 0),
+                total_tokens=usage.get("total_tokens", 0),
+                cached_tokens=details.get("cached_tokens"),
+            )
+        if not event.text and event.tool_calls is None and event.finish_reason is None and not usage:
             return None  # e.g. the role-only first chunk
         return event
 

@@ -61,6 +61,14 @@ def test_parse_chunk_reads_text_finish_and_usage() -> None:
         chat=False,
     )
     assert ev is not None and ev.usage is not None and ev.usage.cached_tokens == 1
+    # continuous_usage_stats: a content chunk's running usage is not the attempt's usage; the
+    # chunk that closes the stream is (its finish_reason, or the usage chunk above).
+    running = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+    ev = OpenAIEngineAdapter.parse_chunk({"choices": [{"delta": {"content": "Hi"}}], "usage": running}, 1.0, chat=True)
+    assert ev is not None and ev.text == "Hi" and ev.usage is None
+    last = {"choices": [{"delta": {"content": "!"}, "finish_reason": "stop"}], "usage": running}
+    ev = OpenAIEngineAdapter.parse_chunk(last, 1.0, chat=True)
+    assert ev is not None and ev.usage is not None and ev.usage.completion_tokens == 1
 
 
 def test_engine_load_from_each_engines_metric_names() -> None:

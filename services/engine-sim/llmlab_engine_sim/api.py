@@ -52,7 +52,7 @@ def _error(e: ApiError) -> JSONResponse:
 class _Frames:
     """A request's pre-serialised SSE frames."""
 
-    __slots__ = ("created", "endpoint", "include_usage", "model", "oid", "prefix", "suffix")
+    __slots__ = ("created", "endpoint", "include_usage", "model", "oid", "prefix", "suffix", "usage_head")
 
     def __init__(self, endpoint: Endpoint, oid: str, created: int, model: str, include_usage: bool) -> None:
         self.endpoint = endpoint
@@ -62,6 +62,9 @@ class _Frames:
         self.include_usage = include_usage
         content = ContentChunkEncoder(endpoint, oid, created, model, include_usage)
         self.prefix, self.suffix = content.prefix, content.suffix
+        # With include_usage the template ends in '"usage":null}\n\n': the running usage goes
+        # in place of the null (continuous_usage_stats).
+        self.usage_head = self.suffix.removesuffix(_NULL_USAGE_TAIL) if include_usage else b""
 
     def role(self) -> bytes:
         return sse(
@@ -79,30 +82,27 @@ class _Frames:
         return sse(chunk(self.endpoint, self.oid, self.created, self.model, usage=usage))
 
     # -- stream_options.continuous_usage_stats: the running usage on every chunk (as vLLM) --------
-    def role_with_usage(self, usage: Usage) -> bytes:
+    def role_with_usage(self, prompt: int) -> bytes:
         obj = chunk(self.endpoint, self.oid, self.created, self.model, role="assistant", text="")
-        obj["usage"] = usage_dict(usage)
+        obj["usage"] = usage_dict(Usage(prompt_tokens=prompt, total_tokens=prompt))
         return sse(obj)
 
-    def content_with_usage(self, text: str, finish_reason: str | None, usage: Usage) -> bytes:
-        if finish_reason is None and self.include_usage:
-            # The serialised template ends in '"usage":null}\n\n': put the usage in its place.
-            head = self.suffix[: -len(_NULL_USAGE_TAIL)]
-            return self.prefix + _encode(text) + head + _running_usage(usage) + b"}\n\n"
+    def content_with_usage(self, text: str, finish_reason: str | None, prompt: int, completion: int) -> bytes:
+        if finish_reason is None:  # every chunk but the last: from the serialised template
+            usage = b'{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}' % (
+                prompt,
+                completion,
+                prompt + completion,
+            )
+            return self.prefix + _encode(text) + self.usage_head + usage + b"}\n\n"
         obj = chunk(self.endpoint, self.oid, self.created, self.model, text=text, finish_reason=finish_reason)
-        obj["usage"] = usage_dict(usage)
+        obj["usage"] = usage_dict(
+            Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        )
         return sse(obj)
 
 
 _NULL_USAGE_TAIL = b"null}\n\n"
-
-
-def _running_usage(u: Usage) -> bytes:
-    return b'{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}' % (
-        u.prompt_tokens,
-        u.completion_tokens,
-        u.total_tokens,
-    )
 
 
 class _GenerationResponse(Response):
@@ -150,10 +150,6 @@ class _GenerationResponse(Response):
 
     async def _stream(self, send: Send) -> None:
         req, parsed = self._req, self._parsed
-        per_chunk = self._engine.settings.chunk_tokens
-        if per_chunk > 1 or (parsed.include_usage and parsed.continuous_usage):
-            await self._stream_grouped(send, per_chunk)
-            return
         frames = _Frames(
             parsed.endpoint,
             object_id(parsed.endpoint, req.id),
@@ -164,6 +160,10 @@ class _GenerationResponse(Response):
         prefix, suffix = frames.prefix, frames.suffix
         sink = req.sink
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        per_chunk = self._engine.settings.chunk_tokens
+        if per_chunk > 1 or (parsed.include_usage and parsed.continuous_usage):
+            await self._stream_grouped(send, frames, per_chunk)
+            return
         first = parsed.endpoint == "chat"  # vLLM opens a chat stream with the role, sent with the first token
         encoded = _ENCODED
         while True:
@@ -206,17 +206,13 @@ class _GenerationResponse(Response):
             await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
         return False
 
-    async def _stream_grouped(self, send: Send, per_chunk: int) -> None:
+    async def _stream_grouped(self, send: Send, frames: _Frames, per_chunk: int) -> None:
         """The stream with several tokens per chunk and/or the running usage on every chunk: the
         general path (the one above is the fast path for one token per chunk and no usage)."""
         req, parsed = self._req, self._parsed
-        frames = _Frames(
-            parsed.endpoint, object_id(parsed.endpoint, req.id), int(time.time()), parsed.model, parsed.include_usage
-        )
         running = parsed.include_usage and parsed.continuous_usage
         prompt = req.prompt_tokens
         sink = req.sink
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         first = parsed.endpoint == "chat"
         pending: list[str] = []
         sent = 0
@@ -231,14 +227,12 @@ class _GenerationResponse(Response):
                 group, pending = pending[:per_chunk], pending[per_chunk:]
                 sent += len(group)
                 if first:
-                    parts.append(frames.role_with_usage(Usage(prompt_tokens=prompt, total_tokens=prompt))
-                                 if running else frames.role())  # fmt: skip
+                    parts.append(frames.role_with_usage(prompt) if running else frames.role())
                     first = False
                 finish = (req.finish_reason or "stop") if done and not pending else None
                 text = "".join(group)
                 if running:
-                    usage = Usage(prompt_tokens=prompt, completion_tokens=sent, total_tokens=prompt + sent)
-                    parts.append(frames.content_with_usage(text, finish, usage))
+                    parts.append(frames.content_with_usage(text, finish, prompt, sent))
                 elif finish is not None:
                     parts.append(frames.final(text, finish))
                 else:
