@@ -43,14 +43,15 @@ async def connect(url: str, name: str, client: NATS | None = None, metrics: Metr
         if metrics is not None
         else None
     )
-    last_log = [0.0]
+    last_log = 0.0
 
     async def _err(exc: Exception) -> None:
+        nonlocal last_log
         if isinstance(exc, SlowConsumerError):
             if drops is not None:
                 drops.inc()
-            if time.monotonic() - last_log[0] >= _SLOW_LOG_EVERY_S:
-                last_log[0] = time.monotonic()
+            if time.monotonic() - last_log >= _SLOW_LOG_EVERY_S:
+                last_log = time.monotonic()
                 log.warning("nats slow consumer, messages dropped (subject %s)", exc.subject)
             return
         log.warning("nats error: %s", exc)
