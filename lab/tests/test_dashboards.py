@@ -53,7 +53,7 @@ def test_the_generated_json_parses_and_every_panel_has_a_datasource_a_unit_and_a
             assert p["targets"], where
             for t in p["targets"]:
                 assert t["expr"].strip() and t["datasource"] == DATASOURCE, where
-            for var in promql.variables(" ".join(t["expr"] for t in p["targets"])):
+            for var in promql.variables(" ".join(t["expr"] for t in p["targets"])) - set(spec.BUILTIN_VARIABLES):
                 assert var in names, f"{where} uses ${var}, which the dashboard does not define"
         for var in data["templating"]["list"][1:]:
             assert var["datasource"] == DATASOURCE and var["allValue"] == ".*", var["name"]
@@ -148,8 +148,9 @@ def test_variables_become_regex_matchers_for_raw_prometheus() -> None:
         for row in d.rows:
             for p in row.panels:
                 for t in p.targets:
-                    assert "$" not in re.sub(r'=~"\$(?:model|pool)"', "", t.expr), t.expr
-                    assert promql.variables(t.expr) <= set(d.variables), t.expr
+                    assert "$" not in re.sub(r'=~"\$(?:model|pool)"|\[\$__range\]', "", t.expr), t.expr
+                    assert promql.variables(t.expr) <= set(d.variables) | set(spec.BUILTIN_VARIABLES), t.expr
+    assert "[90000ms]" in " ".join(e for q in spec.panels(range_s=90) for e in q.exprs)  # $__range
     for q in spec.panels():
         assert all("$" not in e and "[[" not in e for e in q.exprs), q.title
         assert q.shape in ("matrix", "vector") and q.queries == q.exprs

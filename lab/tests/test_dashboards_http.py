@@ -180,7 +180,7 @@ def test_snapshot_queries_every_panel_and_prints_the_files(
     out = tmp_path / "dashboards"
     argv = ["snapshot", "--prometheus", url, "--start", "1780000000", "--end", "1780000600", "--out", str(out)]
     assert cli.main(argv) == 0
-    assert sorted(seen) == sorted(e for q in spec.panels() for e in q.exprs)
+    assert sorted(seen) == sorted(e for q in spec.panels(range_s=600) for e in q.exprs)  # $__range: the window
     printed = capsys.readouterr().out.split()
     assert sorted(printed) == sorted(str(p) for p in out.glob("*.png"))
     assert len(printed) == sum(len(d.rows) for d in spec.DASHBOARDS)

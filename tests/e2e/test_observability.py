@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import openai
@@ -33,6 +34,9 @@ from llmlab_testkit.procs import ManagedProcess, Stack, unique_namespace, url
 from llmlab_testkit.prom import RULES_DIR, Prometheus, binaries_missing, start_prometheus
 
 from tests.e2e.test_accounting import list_prices
+
+if TYPE_CHECKING:
+    from llmlab_lab.dashboards.spec import PanelQuery
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -78,12 +82,19 @@ async def _load(gw: ManagedProcess, pro: str, free: str, tiny: str) -> None:
                 model=model, messages=[{"role": "user", "content": "x"}], max_tokens=4
             )
 
+    # One refusal of each kind first, then a scrape (every second): each error series is born
+    # at 1, so the "in range" panel's increase() can miss at most that first one (the bound the
+    # figures test holds it to); a series born with all its refusals would read 0.
+    kinds = ((tiny, LLAMA, openai.RateLimitError), (pro, "no-such-model", openai.NotFoundError))
+    kinds += (("sk-wrong", LLAMA, openai.AuthenticationError),)
+    await asyncio.gather(*(refused(*kind) for kind in kinds))
+    await asyncio.sleep(2.5)
     await asyncio.gather(
         *(streamed(i) for i in range(STREAMED)),
         *(unary(i) for i in range(UNARY)),
-        *(refused(tiny, LLAMA, openai.RateLimitError) for _ in range(REFUSED)),
-        *(refused(pro, "no-such-model", openai.NotFoundError) for _ in range(UNKNOWN_MODEL)),
-        *(refused("sk-wrong", LLAMA, openai.AuthenticationError) for _ in range(BAD_KEY)),
+        *(refused(tiny, LLAMA, openai.RateLimitError) for _ in range(REFUSED - 1)),
+        *(refused(pro, "no-such-model", openai.NotFoundError) for _ in range(UNKNOWN_MODEL - 1)),
+        *(refused("sk-wrong", LLAMA, openai.AuthenticationError) for _ in range(BAD_KEY - 1)),
     )
 
 
@@ -282,34 +293,60 @@ def _bucket(v: float) -> int:
     return bisect.bisect_left(LATENCY_BUCKETS, v)
 
 
+def _panel(title: str, range_s: float) -> PanelQuery:
+    from llmlab_lab.dashboards import panels
+
+    (found,) = [q for q in panels(range_s=range_s) if q.title == title]
+    return found
+
+
 def test_dashboard_figures_agree_with_the_raw_rows_in_clickhouse(run: Run) -> None:
     """Catches: the gateway counting a request, a token or an error that accounting does not (or
     the reverse), a TTFT histogram fed another figure than the rows, token counters that do not
     add up to the list cost, and a Cost panel (its own expression) that disagrees with the GPU
     cost computed here from the catalog's prices and the raw rows: a wrong price or GPU count,
     idle time left out, an attempt counted twice. Raw tables (attempts_raw, requests_raw) are
-    read, not the views. The request, token and error counts read the counters the rate panels
-    are built on: a rate over 5 minutes cannot give an exact count back."""
+    read, not the views.
+
+    Counts come from the "in range" panels' own expressions, as Grafana evaluates a stat panel:
+    an instant query at the range's end, here the gateway's last scrape, over a range that begins
+    before Prometheus started. Prometheus's increase() is then exact for a series whose first
+    sample is 0 (nothing to extrapolate at either end): the success and token series, which the
+    gateway creates at 0. An error series is born at its first refusal, so increase() can only
+    say it lies between (count - its first sample) and the count; the raw counter must match
+    exactly."""
     p, acc = run.prom, run.acc
-    ok_prom = p.value('sum(llmlab_gateway_requests_total{status="200"})')
+    end = p.value('timestamp(up{job="gateway"})')
+    assert end is not None
+    range_s = end - run.started + 1.0
+    by_status = _panel("Requests in range by status", range_s)
+    (expr,) = by_status.queries
+    panel_status = {s["metric"]["status"]: float(s["value"][1]) for s in p.query(expr, at=end)["result"]}
     ok_ch = sql(acc, "SELECT uniqExact(request_id) FROM attempts_raw WHERE outcome = 'completed'")[0][0]
     raw_ok = sql(acc, "SELECT count() FROM attempts_raw WHERE outcome = 'completed' AND source = 'worker'")[0][0]
-    print(f"completed requests: Prometheus {ok_prom}, ClickHouse {ok_ch} (raw worker rows {raw_ok})")
-    assert ok_prom == ok_ch == raw_ok == STREAMED + UNARY
+    print(f"completed requests: panel {panel_status.get('200')}, ClickHouse {ok_ch} (raw worker rows {raw_ok})")
+    assert panel_status.get("200") == ok_ch == raw_ok == STREAMED + UNARY
 
+    errors_ch = {str(s): n for s, n in sql(acc, "SELECT status, count() FROM requests_raw GROUP BY status")}
+    assert errors_ch == {"429": REFUSED, "404": UNKNOWN_MODEL, "401": BAD_KEY}
+    selector = f'llmlab_gateway_requests_total{{status=~"4.."}}[{round(range_s * 1000)}ms]'
+    first = {}
+    for series in p.query(selector, at=end)["result"]:
+        status = series["metric"]["status"]
+        first[status] = first.get(status, 0.0) + float(series["values"][0][1])
+    for status, n in errors_ch.items():
+        print(f"{status}: panel {panel_status.get(status)}, ClickHouse {n}, first sample {first[status]}")
+        assert first[status] == 1.0, "the run's first refusal of each kind was not scraped alone"
+        assert n - first[status] <= panel_status.get(status, 0.0) <= n, status
     errors_prom = {
         s["metric"]["status"]: int(float(s["value"][1]))
-        for s in p.query('sum by (status) (llmlab_gateway_requests_total{status!="200"})')["result"]
+        for s in p.query('sum by (status) (llmlab_gateway_requests_total{status!="200"})', at=end)["result"]
     }
-    errors_ch = {str(s): n for s, n in sql(acc, "SELECT status, count() FROM requests_raw GROUP BY status")}
-    print(f"errors by status: Prometheus {errors_prom}, ClickHouse {errors_ch}")
-    assert errors_prom == errors_ch == {"429": REFUSED, "404": UNKNOWN_MODEL, "401": BAD_KEY}
+    assert errors_prom == errors_ch, errors_prom
 
-    for kind in ("prompt", "completion"):
-        prom_tokens = {
-            s["metric"]["model"]: int(float(s["value"][1]))
-            for s in p.query(f"sum by (model) (llmlab_gateway_{kind}_tokens_total)")["result"]
-        }
+    tokens = _panel("Tokens in range", range_s)
+    for kind, expr in zip(("prompt", "completion"), tokens.queries, strict=True):
+        panel_tokens = {s["metric"]["model"]: float(s["value"][1]) for s in p.query(expr, at=end)["result"]}
         ch_tokens = dict(
             sql(
                 acc,
@@ -317,8 +354,9 @@ def test_dashboard_figures_agree_with_the_raw_rows_in_clickhouse(run: Run) -> No
                 "AND source = 'worker' GROUP BY model",
             )
         )
-        print(f"{kind} tokens: Prometheus {prom_tokens}, ClickHouse {ch_tokens}")
-        assert prom_tokens == ch_tokens and len(ch_tokens) == 2
+        print(f"{kind} tokens: panel {panel_tokens}, ClickHouse {ch_tokens}")
+        assert len(ch_tokens) == 2
+        assert {m: v for m, v in panel_tokens.items() if v} == ch_tokens, kind
 
     ttft_prom = p.value("histogram_quantile(0.95, sum by (le) (llmlab_gateway_ttft_seconds_bucket))")
     # The gateway's TTFT runs from acceptance to the first token: admission + NATS + the engine's.

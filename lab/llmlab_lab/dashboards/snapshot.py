@@ -287,7 +287,7 @@ def snapshot(
         raise ValueError("end must be after start")
     step = step or default_step(start, end)
     groups: dict[tuple[str, str], list[PanelQuery]] = {}
-    for p in queries if queries is not None else spec.panels():
+    for p in queries if queries is not None else spec.panels(range_s=end - start):
         groups.setdefault((p.dashboard, p.row), []).append(p)
     titles = {d.file: d.title for d in spec.DASHBOARDS}
     paths, errors = [], []

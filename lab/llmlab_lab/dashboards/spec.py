@@ -10,7 +10,9 @@ Conventions (docs/observability.md, "Dashboards"):
 - Variables are used only as regex matchers, ``model=~"$model"`` / ``pool=~"$pool"``, and every
   template sets ``allValue: .*``, so :func:`.promql.substitute` turns a query into raw PromQL.
 - Windows are fixed (``[5m]``, as the recording rules), not ``$__rate_interval``, so the raw query
-  is the query Grafana sends.
+  is the query Grafana sends. The one exception is Grafana's ``$__range`` (the selected time
+  range) in the "in range" stat panels, which count what happened in the range: :func:`panels`
+  takes that range in seconds.
 - Every aggregation keeps only bounded labels (model, plan, code, pool, engine, ...); GPU panels
   also keep ``instance`` and ``gpu`` because a GPU is a device, not a user.
 """
@@ -325,6 +327,29 @@ USER_EXPERIENCE = Row(
             REQ_PER_S,
             _t(f"sum by (model, plan) (llmlab:gateway_requests:rate5m{M})", "{{model}} {{plan}}"),
             about="Traffic per model and tenant plan.",
+        ),
+        _p(
+            "Requests in range by status",
+            COUNT,
+            _t(f"sum by (status) (increase(llmlab_gateway_requests_total{M}[$__range]))", "{{status}}"),
+            about="Gateway requests answered in the selected time range, by HTTP status. Exact when the range "
+            "ends at a scrape and starts before the series' first sample: the gateway creates each catalog "
+            "model's success series at 0, so Prometheus's increase() has nothing to extrapolate.",
+            kind="stat",
+            width=8,
+        ),
+        _p(
+            "Tokens in range",
+            COUNT,
+            _t(f"sum by (model) (increase(llmlab_gateway_prompt_tokens_total{M}[$__range]))", "prompt {{model}}"),
+            _t(
+                f"sum by (model) (increase(llmlab_gateway_completion_tokens_total{M}[$__range]))",
+                "completion {{model}}",
+            ),
+            about="Prompt and completion tokens of the requests answered in the selected range, per model "
+            "(the token counters of every catalog model start at 0, as the success series).",
+            kind="stat",
+            width=8,
         ),
         _p(
             "Tokens/s",
@@ -660,8 +685,15 @@ DASHBOARDS: tuple[Dashboard, ...] = (
 )
 
 
-def panels(dashboards: tuple[Dashboard, ...] = DASHBOARDS) -> list[PanelQuery]:
-    """Every panel of every dashboard, with raw PromQL (variables replaced by ``.*``)."""
+# Grafana's built-in variables the panels may use besides the dashboard's own.
+BUILTIN_VARIABLES = ("__range",)
+DEFAULT_RANGE_S = 3600  # the dashboards' default time range, now-1h .. now
+
+
+def panels(dashboards: tuple[Dashboard, ...] = DASHBOARDS, range_s: float = DEFAULT_RANGE_S) -> list[PanelQuery]:
+    """Every panel of every dashboard, with raw PromQL: variables replaced by ``.*``, and
+    ``$__range`` by ``range_s`` (the selected time range, whole milliseconds as Grafana sends it)."""
+    values = {"__range": f"{round(range_s * 1000)}ms"}
     out = []
     for d in dashboards:
         for row in d.rows:
@@ -671,7 +703,7 @@ def panels(dashboards: tuple[Dashboard, ...] = DASHBOARDS) -> list[PanelQuery]:
                         dashboard=d.file,
                         row=row.title,
                         title=p.title,
-                        exprs=tuple(promql.substitute(t.expr) for t in p.targets),
+                        exprs=tuple(promql.substitute(t.expr, values) for t in p.targets),
                         legends=tuple(t.legend for t in p.targets),
                         shape="vector" if p.kind == "stat" else "matrix",
                         unit=p.unit,

@@ -47,6 +47,7 @@ def create_app(settings: GatewaySettings) -> RawSendApp:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
             holder = CatalogHolder(settings.infra.catalog_path)
+            gm.zero(holder.current.catalog)
             topo = Topology(settings.infra.namespace)
             nc = await connect(settings.infra.nats_url, f"gateway-{settings.gateway_id}", metrics=metrics)
             stack.push_async_callback(_drain, nc)

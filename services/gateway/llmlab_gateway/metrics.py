@@ -7,12 +7,12 @@ at its end, never per token."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from llmlab_common.catalog import Catalog
 from llmlab_common.codes import Code
 from llmlab_common.errors import LLMLabError
-from llmlab_common.messages import Principal, StreamEnd
+from llmlab_common.messages import Endpoint, Principal, StreamEnd
 from llmlab_common.metrics import ITL_BUCKETS, Metrics
 
 OK = "ok"  # the code label of a success
@@ -112,6 +112,17 @@ class GatewayMetrics:
             )
         return found
 
+    def zero(self, catalog: Catalog) -> None:
+        """Create the success and token series of every catalog model and plan at 0, before any
+        request: a counter whose first sample is already 1+ makes Prometheus's increase() over a
+        range that begins before it extrapolate (and a rate read it late), so the "in range"
+        panels would count less than was served. Bounded: endpoints x models x plans."""
+        for model in sorted({d.model for d in catalog.deployments}):
+            for plan in catalog.plans:
+                self.of(model, plan)
+                for endpoint in get_args(Endpoint):
+                    self.request_child(endpoint, model, plan, 200, OK)
+
     def admitted(self, auth_s: float | None, route_s: float | None) -> None:
         """The admission steps of one authenticated request (route only when it was routed)."""
         if auth_s is not None:
@@ -121,8 +132,11 @@ class GatewayMetrics:
 
     def request(self, endpoint: str, model: str, plan: str, status: int | str, code: str) -> None:
         """Count one request's answer (``code``: :func:`code_label`, or :data:`CLIENT_CLOSED`)."""
+        self.request_child(endpoint, model, plan, status, code).inc()
+
+    def request_child(self, endpoint: str, model: str, plan: str, status: int | str, code: str) -> Any:
         key = (endpoint, model, plan, str(status), code)
         child = self._by_request.get(key)
         if child is None:
             child = self._by_request[key] = self._requests.labels(*key)
-        child.inc()
+        return child
