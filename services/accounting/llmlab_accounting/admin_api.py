@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 
 _COMMENTS = re.compile(r"--[^\n]*|/\*.*?\*/", re.S)
 _READ_STATEMENT = re.compile(r"^\s*(SELECT|WITH)\b", re.I)
+# Quoted text (string literals, quoted identifiers): searched for keywords with it blanked out.
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|`[^`]*`", re.S)
+# Writes a SELECT or WITH can still carry: an INSERT after a WITH clause, a result written to a
+# file on the store's host (readonly=1 does not refuse INTO OUTFILE).
+_WRITES = re.compile(r"\bINSERT\b|\bINTO\s+OUTFILE\b", re.I)
 
 
 class QueryRequest(BaseModel):
@@ -59,12 +64,14 @@ class QueryResponse(BaseModel):
 
 
 def check_read_only(sql: str) -> str:
-    """One SELECT (or WITH ... SELECT) statement. ClickHouse's ``readonly=1`` is the real guard;
-    this check gives a clear 400 instead of a server error."""
+    """One SELECT (or WITH ... SELECT) statement that writes nowhere. ClickHouse's ``readonly=1``
+    on a client of the query's own is the real guard (:meth:`ClickHouseStore.query_isolated`);
+    this check gives a clear 400 first, and refuses what readonly=1 lets through (INTO OUTFILE)."""
     body = _COMMENTS.sub(" ", sql).strip().rstrip(";").strip()
-    if ";" in body:
+    bare = _QUOTED.sub("''", body)
+    if ";" in bare:
         raise InvalidRequest("Send one statement per query.", code=Code.MULTIPLE_STATEMENTS)
-    if not _READ_STATEMENT.match(body):
+    if not _READ_STATEMENT.match(bare) or _WRITES.search(bare):
         raise InvalidRequest("Only SELECT queries are allowed.", code=Code.READ_ONLY)
     return body
 
@@ -89,12 +96,12 @@ def admin_router(store: Store, settings: AccountingSettings, attribute: Attribut
         sql = check_read_only(body.sql)
         try:
             result = await asyncio.to_thread(
-                store.query,
+                store.query_isolated,
                 sql,
                 body.parameters,
-                readonly=True,
                 max_rows=settings.query_max_rows,
                 timeout_s=settings.query_timeout_s,
+                max_memory_bytes=settings.query_max_memory_bytes,
             )
         except Exception as exc:  # ClickHouse's own message (syntax, unknown column, readonly)
             raise InvalidRequest(str(exc).strip()[:2000], code=Code.QUERY_FAILED) from exc

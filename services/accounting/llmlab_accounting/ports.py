@@ -40,4 +40,13 @@ class Store(Protocol):
         timeout_s: int | None = None,
     ) -> QueryResult: ...
     def scalar(self, sql: str, parameters: dict[str, Any] | None = None) -> Any: ...
+    def query_isolated(
+        self,
+        sql: str,
+        parameters: dict[str, Any] | None = None,
+        *,
+        max_rows: int,
+        timeout_s: int,
+        max_memory_bytes: int,
+    ) -> QueryResult: ...
     def close(self) -> None: ...

@@ -51,6 +51,8 @@ class AccountingSettings(ServiceSettings):
     # Query endpoint bounds.
     query_max_rows: int = Field(default=100_000, ge=1)
     query_timeout_s: int = Field(default=30, ge=1)
+    # Memory one admin query may use (ClickHouse's max_memory_usage): a query past it fails alone.
+    query_max_memory_bytes: int = Field(default=1 << 30, ge=1 << 20)
 
     @model_validator(mode="after")
     def _no_dev_admin_key_in_prod(self) -> AccountingSettings:

@@ -27,7 +27,7 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -83,26 +83,28 @@ def schema_statements() -> list[str]:
 
 
 class ClickHouseStore:
-    def __init__(self, client: Any, lock: WriterLock | None = None) -> None:
+    def __init__(self, client: Any, lock: WriterLock | None = None, dsn: str = "") -> None:
         self.client = client
         self.lock = lock
+        self.dsn = dsn  # where a client of its own for an untrusted query connects (query_isolated)
         self._mutex = threading.Lock()
 
     @classmethod
     def open(cls, dsn: str = "", data_dir: Path | None = None) -> ClickHouseStore:
         """A server when ``dsn`` is set, else chdb in ``data_dir`` (after taking the writer lock)."""
         if dsn:
-            return cls(clickhouse_connect.get_client(dsn=dsn))
+            return cls(clickhouse_connect.get_client(dsn=dsn), dsn=dsn)
         if data_dir is None:
             raise ValueError("either a DSN or a chdb data directory is needed")
         data_dir = Path(data_dir).resolve()
         lock = WriterLock(data_dir / "accounting.lock").acquire()
+        dsn = f"chdb://{data_dir}"
         try:
-            client = clickhouse_connect.get_client(dsn=f"chdb://{data_dir}")
+            client = clickhouse_connect.get_client(dsn=dsn)
         except Exception:
             lock.release()
             raise
-        return cls(client, lock)
+        return cls(client, lock, dsn)
 
     def close(self) -> None:
         with self._mutex:
@@ -155,6 +157,43 @@ class ClickHouseStore:
     def scalar(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
         rows = self.query(sql, parameters).rows
         return rows[0][0] if rows else None
+
+    @contextlib.contextmanager
+    def _own_client(self) -> Iterator[Any]:
+        """A client of its own on the same store (chdb: another handle on this process's engine,
+        with its own session state; a server: another HTTP session), closed on exit."""
+        client = clickhouse_connect.get_client(dsn=self.dsn)
+        try:
+            yield client
+        finally:
+            with contextlib.suppress(Exception):
+                client.close()
+
+    def query_isolated(
+        self,
+        sql: str,
+        parameters: dict[str, Any] | None = None,
+        *,
+        max_rows: int,
+        timeout_s: int,
+        max_memory_bytes: int,
+    ) -> QueryResult:
+        """An untrusted read-only query (the admin endpoint's) on a client of its own, opened for
+        it and closed after it. clickhouse-connect applies some statements' settings with ``SET``
+        and restores them after; a statement it takes for an insert (``WITH ... INSERT``) fails
+        between the two and leaves its session read-only for good. On the ingest client that
+        stopped every later insert; here it dies with the throwaway client. Under ``readonly=1``
+        ClickHouse also refuses the statement's own ``SETTINGS`` and the file/url table functions."""
+        settings = {
+            "readonly": 1,
+            "max_result_rows": max_rows,
+            "result_overflow_mode": "throw",
+            "max_execution_time": timeout_s,
+            "max_memory_usage": max_memory_bytes,
+        }
+        with self._mutex, self._own_client() as client:
+            r = client.query(sql, parameters=parameters or None, settings=settings)
+        return QueryResult(list(r.column_names), [t.name for t in r.column_types], [list(row) for row in r.result_rows])
 
 
 # -- the store in a child process ----------------------------------------------------------------
@@ -218,6 +257,11 @@ class StoreProcess:
 
     def scalar(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
         return self._call("scalar", sql, parameters)
+
+    def query_isolated(self, sql: str, parameters: dict[str, Any] | None = None, **limits: int) -> QueryResult:
+        """:meth:`ClickHouseStore.query_isolated` in the child (``max_rows``, ``timeout_s``, ``max_memory_bytes``)."""
+        result: QueryResult = self._call("query_isolated", sql, parameters, **limits)
+        return result
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -65,9 +65,82 @@ def test_every_report_runs_and_plots(
 def test_read_only_check() -> None:
     assert check_read_only("-- c\nSELECT 1;") == "SELECT 1"
     assert check_read_only("WITH x AS (SELECT 1) SELECT * FROM x")
-    for bad in ("DROP TABLE attempts_raw", "SELECT 1; DROP TABLE x", "INSERT INTO t VALUES (1)"):
+    # Keywords inside quoted text are text: a model named after a keyword is still readable.
+    assert check_read_only("SELECT count() FROM attempts WHERE model = 'INSERT; INTO OUTFILE'")
+    for bad in (
+        "DROP TABLE attempts_raw",
+        "SELECT 1; DROP TABLE x",
+        "INSERT INTO t VALUES (1)",
+        "WITH 1 AS x INSERT INTO attempts SELECT * FROM attempts LIMIT 0",
+        "SELECT 1 INTO OUTFILE '/tmp/x'",
+        "SELECT 1 into  /* c */ outfile '/tmp/x'",
+    ):
         with pytest.raises(InvalidRequest):
             check_read_only(bad)
+
+
+def _admin_client(store: ClickHouseStore, settings: AccountingSettings) -> TestClient:
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    install_error_handlers(app, "accounting service")
+    app.include_router(admin_router(store, settings, lambda _t0, _t1: (0.0, 0.0)), prefix="/admin/v1")
+    return TestClient(app)
+
+
+def test_no_admin_query_stops_ingest_or_writes_anything(
+    tmp_path: Path, catalog: Catalog, attempt_factory: Callable[..., AttemptEvent]
+) -> None:
+    """Catches: an admin query that leaves the ingest session read-only (confirmed on dd4f538:
+    'WITH 1 AS x INSERT ...' passed the SELECT/WITH check, clickhouse-connect ran it as an insert
+    with readonly=1 SET on the one session, and every later insert failed until a restart), and a
+    query that writes a file, reads the host's files or the network, lifts its own limits or
+    exhausts memory. After each refused statement the service still ingests, and the endpoint
+    still answers."""
+    store = ClickHouseStore.open(data_dir=tmp_path / "chdb")
+    store.ensure_schema()
+    svc = AccountingService(store, catalog, AccountingMetrics(Metrics("t")))
+    outfile = tmp_path / "out.txt"
+    settings = AccountingSettings(query_max_rows=100, query_max_memory_bytes=64 << 20)
+    hostile = {
+        "WITH 1 AS x INSERT INTO attempts SELECT * FROM attempts LIMIT 0": "read_only",
+        f"SELECT 1 INTO OUTFILE '{outfile}'": "read_only",
+        "SELECT * FROM file('/etc/passwd', 'LineAsString')": "query_failed",
+        "SELECT * FROM url('http://127.0.0.1:9/x', 'LineAsString')": "query_failed",
+        "SELECT number FROM numbers(10) SETTINGS max_result_rows = 0": "query_failed",
+        "SELECT number FROM numbers(10) SETTINGS readonly = 0": "query_failed",
+        "SELECT number FROM numbers(1000)": "query_failed",  # past query_max_rows
+        "SELECT groupArray(number) FROM numbers(100000000)": "query_failed",  # past max_memory
+    }
+    ok = {"Authorization": f"Bearer {DEV_ADMIN_KEY}"}
+    count = {"sql": "SELECT count() FROM attempts_raw"}
+
+    def ingest(rid: str, after: str) -> None:
+        try:
+            svc.insert(Batch.of([attempt_row(attempt_factory(rid), catalog)], []))
+        except Exception as exc:
+            pytest.fail(f"ingest stopped after {after!r}: {exc}")
+
+    try:
+        c = _admin_client(store, settings)
+        for i, (sql, code) in enumerate(hostile.items()):
+            r = c.post("/admin/v1/query", json={"sql": sql}, headers=ok)
+            assert r.status_code == 400 and r.json()["error"]["code"] == code, (sql, r.text)
+            ingest(f"r{i}", sql)
+            r = c.post("/admin/v1/query", json=count, headers=ok)
+            assert r.status_code == 200 and r.json()["rows"] == [[i + 1]], (sql, r.text)
+        assert not outfile.exists()
+        # The real guard, past the statement check: the statement that broke dd4f538, sent
+        # straight to the store, fails on its own client and the ingest client still inserts.
+        with pytest.raises(Exception, match=r"(?i)readonly"):
+            store.query_isolated(next(iter(hostile)), max_rows=10, timeout_s=5, max_memory_bytes=64 << 20)
+        ingest("after", "the statement sent to the store")
+        assert store.query("SELECT count() FROM attempts_raw").rows == [[len(hostile) + 1]]
+        # System tables are readable: the endpoint is root-only (the admin key), not tenant-scoped.
+        r = c.post("/admin/v1/query", json={"sql": "SELECT count() > 0 FROM system.tables"}, headers=ok)
+        assert r.status_code == 200 and r.json()["rows"] == [[True]]
+    finally:
+        store.close()
 
 
 def test_query_endpoint_needs_the_admin_key_and_refuses_writes(tmp_path: Path) -> None:
