@@ -11,7 +11,7 @@ import openai
 import pytest
 from llmlab_testkit.e2e import LLAMA, QWEN, client, eventually, metric, sim_stats
 from llmlab_testkit.fixtures import DEV_KEY
-from llmlab_testkit.procs import Stack, url
+from llmlab_testkit.procs import ManagedProcess, Stack, url
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -62,6 +62,17 @@ async def test_saturated_pool_is_429_with_retry_after_and_never_generated_later(
     )
     await asyncio.sleep(0.3)
     assert sim_stats(sim)["received"] == 1
+    await _attempt_table_empties(gw)
+
+
+async def _attempt_table_empties(gw: ManagedProcess) -> None:
+    """Catches: a request refused after its dispatch (429 queue timeout, engine 400 before the
+    first token) leaving its entry in the gateway's attempt table for good (dd4f538 released it
+    only for an opened stream; the sweeper walks every entry every 0.1 s)."""
+    async with httpx.AsyncClient(timeout=5) as h:
+        exposition = (await h.get(url(gw) + "/metrics")).text
+    assert "\nllmlab_gateway_dispatch_table_entries " in exposition, "the attempt table's gauge is missing"
+    await eventually(lambda: metric(gw, "llmlab_gateway_dispatch_table_entries") == 0, what="the attempt table empties")
 
 
 async def test_client_disconnect_stops_generation_on_the_engine(stack: Stack) -> None:
@@ -138,10 +149,12 @@ async def test_engine_rejection_is_a_client_error_not_5xx(stack: Stack) -> None:
     sim = stack.sim("vllm", LLAMA, extra=["--max-model-len", "64"])
     stack.worker("vllm", "gpu-vllm", url(sim))
     gw = stack.gateway()
-    with pytest.raises(openai.BadRequestError):
-        await client(gw).chat.completions.create(
-            model=LLAMA, messages=[{"role": "user", "content": "word " * 200}], max_tokens=3
-        )
+    for _ in range(3):
+        with pytest.raises(openai.BadRequestError):
+            await client(gw).chat.completions.create(
+                model=LLAMA, messages=[{"role": "user", "content": "word " * 200}], max_tokens=3
+            )
+    await _attempt_table_empties(gw)
 
 
 async def test_body_over_the_bus_limit_is_413_not_500(stack: Stack) -> None:

@@ -127,6 +127,11 @@ class NatsDispatcher:
             ("pool", "priority"),
         )
         self._queued_children: dict[tuple[str, int], Any] = {}
+        # The attempt table's size, set by the sweeper: it must come back to 0 when traffic stops
+        # (an entry left behind by a refused request was a leak, and the sweeper walks them all).
+        self._table_size = metrics.gauge(
+            "gateway_dispatch_table_entries", "Requests with an attempt this gateway dispatched and has not released"
+        )
         self._batch_subject = topo.token_batch_subject(gateway_id)
 
     async def start(self) -> None:
@@ -316,6 +321,7 @@ class NatsDispatcher:
                 if now - inf.last_msg_at > self.registry.ttl(wid):
                     inf.lost_reported = True
                     inf.queue.put_nowait(WorkerLost(inf.attempt, wid))
+            self._table_size.set(len(self.inflight))
             self._set_workers_gauge(now)
             self.registry.prune(now)
 

@@ -4,6 +4,7 @@ the NATS side is behind :class:`Dispatcher`."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -342,7 +343,23 @@ class CompletionService:
 
         The chain never repeats a (deployment, worker), is bounded by the catalog's ``max_chain``
         and by ``max_attempts``, and every attempt reuses the request's one budget reservation, so
-        a fallback can neither loop nor charge twice. Errors are :class:`LLMLabError`."""
+        a fallback can neither loop nor charge twice. Errors are :class:`LLMLabError`.
+
+        Whatever ends it without a stream (a 429 queue timeout, an engine's 400 before the first
+        token, all routes failed, a publish error, the client leaving while it waits) releases the
+        request's entry in the dispatcher's attempt table here: only an opened stream is released
+        by :meth:`close`."""
+        try:
+            return await self._open_chain(ctx)
+        except asyncio.CancelledError:
+            self.dispatcher.cancel(ctx.request_id, None, Code.CLIENT_DISCONNECTED)
+            self.dispatcher.release(ctx.request_id)
+            raise
+        except BaseException:
+            self.dispatcher.release(ctx.request_id)
+            raise
+
+    async def _open_chain(self, ctx: CallContext) -> OpenedStream:
         t0 = time.perf_counter()
         try:
             reply = await self._route(ctx)
