@@ -111,6 +111,16 @@ async def test_bad_input_gets_openai_shaped_4xx(stack: Stack) -> None:
         ({"content": b"{not json", "headers": AUTH}, 400, "invalid_json"),
         ({"content": b"[1, 2]", "headers": AUTH}, 400, "invalid_json"),
         ({"json": {"model": LLAMA}, "headers": AUTH}, 400, "missing_required_parameter"),
+        # Nested past the JSON parser's own recursion limit (a 500 on dd4f538), and past the bound.
+        ({"content": b'{"a":' * 3000 + b"1" + b"}" * 3000, "headers": AUTH}, 400, "invalid_json"),
+        ({"content": b'{"model": "x", "a": ' + b"[" * 40 + b"]" * 40 + b"}", "headers": AUTH}, 400, "invalid_json"),
+        ({"json": {"model": LLAMA, "messages": HELLO, "max_tokens": 10**30}, "headers": AUTH}, 400, "invalid_value"),
+        ({"json": {"model": LLAMA, "messages": HELLO, "tools": [{}] * 129}, "headers": AUTH}, 400, "invalid_value"),
+        (
+            {"json": {"model": LLAMA, "messages": HELLO, "logit_bias": {"1": 500}}, "headers": AUTH},
+            400,
+            "invalid_value",
+        ),
         ({"json": {"messages": HELLO}, "headers": AUTH}, 400, "missing_required_parameter"),
         ({"json": {"model": LLAMA, "messages": HELLO, "n": 2}, "headers": AUTH}, 400, "invalid_value"),
         ({"json": {"model": LLAMA, "messages": HELLO, "temperature": "hot"}, "headers": AUTH}, 400, "invalid_value"),

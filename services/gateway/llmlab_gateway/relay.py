@@ -33,13 +33,14 @@ from llmlab_gateway.metrics import (
     model_label,
     plan_label,
 )
-from llmlab_gateway.schemas import ChatCompletionRequest, CompletionRequest
+from llmlab_gateway.schemas import MAX_JSON_DEPTH, ChatCompletionRequest, CompletionRequest, json_depth_exceeds
 from llmlab_gateway.service import CallContext, CompletionService, OpenedStream, estimate_prompt
 from llmlab_gateway.sse import SseResponse
 
 log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+TOO_DEEP = f"Request body nests objects or arrays deeper than {MAX_JSON_DEPTH} levels."
 
 
 async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -> Response:
@@ -60,8 +61,12 @@ async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -
             payload = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise InvalidRequest(f"Request body is not valid JSON: {exc}", code=Code.INVALID_JSON) from exc
+        except RecursionError as exc:  # nesting past the parser's own limit
+            raise InvalidRequest(TOO_DEEP, code=Code.INVALID_JSON) from exc
         if not isinstance(payload, dict):
             raise InvalidRequest("Request body must be a JSON object.", code=Code.INVALID_JSON)
+        if json_depth_exceeds(payload):
+            raise InvalidRequest(TOO_DEEP, code=Code.INVALID_JSON)
         model = payload.get("model") if isinstance(payload.get("model"), str) else None
         try:
             body: ChatCompletionRequest | CompletionRequest = (

@@ -10,6 +10,35 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# Input bounds (OpenAI's where it documents one: 128 tools, 4 stop sequences, logit_bias values in
+# [-100, 100]): a request past one is a 400 naming the parameter, never work for a worker, an
+# integer that overflows a 64-bit column downstream, or a 500.
+MAX_MESSAGES = 2048
+MAX_STOP_CHARS = 1024
+MAX_LOGIT_BIAS = 300
+MAX_TOOLS = 128
+MAX_TOKENS = 1 << 20  # past any context window the catalog can name
+MAX_JSON_DEPTH = 32  # the bodies OpenAI's API describes nest at most ~10 levels (tools' JSON schemas more)
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def json_depth_exceeds(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether a parsed JSON value nests objects/arrays deeper than ``limit`` (iterative: a
+    recursive walk would itself overflow on the bodies it is meant to refuse)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            children: Any = v.values()
+        elif isinstance(v, list):
+            children = v
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
@@ -27,18 +56,18 @@ class ChatMessage(BaseModel):
 
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
-    model: str = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
+    model: str = Field(min_length=1, max_length=256)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=INT64[0], le=INT64[1])
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
     user: str | None = Field(default=None, max_length=256)
 
     @field_validator("n")
@@ -53,6 +82,15 @@ class _Common(BaseModel):
     def _stop_list(cls, v: str | list[str] | None) -> str | list[str] | None:
         if isinstance(v, list) and len(v) > 4:
             raise ValueError("at most 4 stop sequences")
+        if any(len(x) > MAX_STOP_CHARS for x in ([v] if isinstance(v, str) else v or [])):
+            raise ValueError(f"a stop sequence is at most {MAX_STOP_CHARS} characters")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v and any(not -100 <= b <= 100 for b in v.values()):
+            raise ValueError("logit_bias values are between -100 and 100")
         return v
 
     def stop_list(self) -> list[str] | None:
@@ -62,9 +100,9 @@ class _Common(BaseModel):
 
 
 class ChatCompletionRequest(_Common):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: list[dict[str, Any]] | None = None
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
