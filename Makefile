@@ -9,6 +9,9 @@ PYPROJECTS := $(addsuffix pyproject.toml,$(PACKAGE_DIRS))
 # Tiers that run on this machine; `gpu` needs a GPU and the engines (make gpu-smoke).
 TEST_MARKERS ?= not gpu
 PYTEST_ARGS ?=
+# What make starts is a dev stack (documented dev keys accepted); a process started without
+# LLMLAB_ENV is prod and refuses them (llmlab_common.settings).
+export LLMLAB_ENV ?= dev
 
 .DEFAULT_GOAL := help
 .PHONY: help install install-vllm infra prom-tools test mutants test-unit test-e2e lint format up down status demo bench bench-engine-modes report explain-latency costmodel router-eval \

@@ -19,6 +19,8 @@ ALERTMANAGER_PORT="${ALERTMANAGER_PORT:-9093}"
 SIM_TTFT_MS="${SIM_TTFT_MS:-100}"
 SIM_ITL_MS="${SIM_ITL_MS:-30}"
 export LLMLAB_NAMESPACE="${LLMLAB_NAMESPACE:-llmlab}"
+# A local stack with the documented dev keys: dev unless the caller says otherwise (unset is prod).
+export LLMLAB_ENV="${LLMLAB_ENV:-dev}"
 mkdir -p "$RUN/logs"
 
 log() { echo "[stack] $*" >&2; }

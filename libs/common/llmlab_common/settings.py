@@ -26,7 +26,10 @@ class InfraSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="LLMLAB_", extra="ignore")
 
-    env: Literal["dev", "test", "prod"] = "dev"
+    # Fail closed: the dev conveniences (the documented dev keys, static auth) exist only where
+    # LLMLAB_ENV says dev or test explicitly (make, scripts/stack.sh, docker-compose and the test
+    # kit set it); a process started without it is prod.
+    env: Literal["dev", "test", "prod"] = "prod"
     nats_url: str = "nats://127.0.0.1:4222"
     redis_url: str = "redis://127.0.0.1:6379/0"
     # Prefix of every NATS subject, stream and consumer name: lets several deployments (and
@@ -57,7 +60,8 @@ class ServiceSettings(BaseSettings):
 
     def refuse_default_secret(self, name: str, value: str, default: str) -> None:
         """Outside dev/test a secret left at its shipped default is a deployment error."""
-        if self.infra.env == "prod" and value == default:
+        # Hex digests compare case-insensitively: an upper-case copy of the dev key's hash is it.
+        if self.infra.env == "prod" and value.strip().lower() == default.lower():
             raise ValueError(f"{name} is still the shipped default; set it before running with LLMLAB_ENV=prod")
 
 

@@ -204,6 +204,13 @@ def test_attribute_endpoint_runs_every_aligned_period_up_to_now() -> None:
 
 
 def test_dev_admin_key_is_refused_in_prod(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmlab_accounting.settings import DEV_ADMIN_KEY_SHA256
+
+    monkeypatch.delenv("LLMLAB_ENV", raising=False)  # unset is prod
+    with pytest.raises(ValueError, match="ADMIN_KEY_SHA256"):
+        AccountingSettings()
     monkeypatch.setenv("LLMLAB_ENV", "prod")
+    # The same hash in upper case is the same key (it passed the check on dd4f538).
+    monkeypatch.setenv("LLMLAB_ACCOUNTING_ADMIN_KEY_SHA256", DEV_ADMIN_KEY_SHA256.upper())
     with pytest.raises(ValueError, match="ADMIN_KEY_SHA256"):
         AccountingSettings()

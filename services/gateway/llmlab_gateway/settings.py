@@ -25,7 +25,8 @@ class GatewaySettings(ScalableSettings):
     # "static": dev/test only, no budgets: SHA-256 hashes of accepted keys, all on dev_plan.
     auth: Literal["budget", "static"] = "budget"
     budget_timeout_s: float = Field(default=2.0, gt=0)
-    api_key_sha256: list[str] = Field(default_factory=lambda: [DEV_API_KEY_SHA256])
+    # Unset: the dev key's hash in dev and test, none in prod.
+    api_key_sha256: list[str] = Field(default_factory=list)
     auth_enabled: bool = True
     dev_plan: str = "pro"  # plan given to keys of the stub authenticator
     max_body_bytes: int = 4 * 1024 * 1024
@@ -60,8 +61,10 @@ class GatewaySettings(ScalableSettings):
 
     @model_validator(mode="after")
     def _no_dev_key_in_prod(self) -> GatewaySettings:
+        if "api_key_sha256" not in self.model_fields_set and self.infra.env != "prod":
+            self.api_key_sha256 = [DEV_API_KEY_SHA256]
         if self.infra.env == "prod" and self.auth == "static":
             raise ValueError("LLMLAB_GATEWAY_AUTH=static has no budgets; it is refused with LLMLAB_ENV=prod")
-        if self.infra.env == "prod" and DEV_API_KEY_SHA256 in self.api_key_sha256:
+        if self.infra.env == "prod" and DEV_API_KEY_SHA256 in {h.strip().lower() for h in self.api_key_sha256}:
             raise ValueError("the dev API key is accepted; set LLMLAB_GATEWAY_API_KEY_SHA256 for LLMLAB_ENV=prod")
         return self

@@ -11,10 +11,23 @@ pytestmark = pytest.mark.unit
 
 
 def test_dev_key_is_refused_in_prod() -> None:
-    with pytest.raises(ValueError, match="dev API key"):
-        GatewaySettings(infra=InfraSettings(env="prod"))
+    dev = hashlib.sha256(b"sk-llmlab-dev").hexdigest()
+    for spelled in (dev, dev.upper(), f" {dev} "):
+        with pytest.raises(ValueError, match="dev API key"):
+            GatewaySettings(infra=InfraSettings(env="prod"), api_key_sha256=[spelled])
+    assert GatewaySettings(infra=InfraSettings(env="prod")).api_key_sha256 == []  # no dev key by default
+    assert GatewaySettings(infra=InfraSettings(env="dev")).api_key_sha256 == [dev]
     own = hashlib.sha256(b"sk-real-secret").hexdigest()
     assert GatewaySettings(infra=InfraSettings(env="prod"), api_key_sha256=[own]).api_key_sha256 == [own]
+
+
+def test_a_process_started_without_llmlab_env_is_prod(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches: dev conveniences on by default (dd4f538: env defaulted to dev, so a deployment
+    that forgot LLMLAB_ENV accepted the documented dev keys and static auth)."""
+    monkeypatch.delenv("LLMLAB_ENV", raising=False)
+    assert InfraSettings().env == "prod"
+    with pytest.raises(ValueError, match="static"):
+        GatewaySettings(auth="static")
 
 
 def test_settings_come_from_the_service_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
