@@ -29,9 +29,15 @@ from llmlab_budget.transport import BudgetTransport
 log = logging.getLogger(__name__)
 
 
-def open_redis(url: str, pool_size: int) -> Redis:
-    # A blocking pool: past pool_size callers wait for a connection instead of failing.
-    pool = BlockingConnectionPool.from_url(url, max_connections=pool_size, timeout=5)
+def open_redis(url: str, pool_size: int, socket_timeout_s: float) -> Redis:
+    # A blocking pool: past pool_size callers wait (up to 5 s) for a connection instead of failing.
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=pool_size,
+        timeout=5,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=socket_timeout_s,
+    )
     return Redis(connection_pool=pool)
 
 
@@ -41,7 +47,7 @@ def create_app(settings: BudgetSettings) -> FastAPI:
     state = ServiceState()
     catalog = load_catalog(settings.infra.catalog_path)
     layout = Layout.for_namespace(settings.infra.namespace)
-    redis = open_redis(settings.infra.redis_url, settings.redis_pool_size)
+    redis = open_redis(settings.infra.redis_url, settings.redis_pool_size, settings.redis_socket_timeout_s)
     directory = Directory(redis, layout, catalog)
 
     @asynccontextmanager

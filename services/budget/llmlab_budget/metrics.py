@@ -36,3 +36,6 @@ class BudgetMetrics:
         )
         self.reaped = m.counter("budget_reaped_reservations_total", "Reservations released by the reaper")
         self.settle_errors = m.counter("budget_settle_errors_total", "Events that failed to settle (retried)")
+        self.unknown_key_cache_hits = m.counter(
+            "budget_unknown_key_cache_hits_total", "Unknown API keys answered from memory (no Redis round trip)"
+        )

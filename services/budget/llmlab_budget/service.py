@@ -99,19 +99,27 @@ class BudgetService:
         self.clock = clock
         self.tz = ZoneInfo(settings.timezone)
         self._cache: dict[str, Resolved] = {}
+        self._unknown: dict[str, float] = {}  # key hash -> monotonic time its "unknown" expires
 
     # -- authentication ------------------------------------------------------------------------
     async def resolve(self, key_sha256: str) -> Resolved | None:
         """Identity and effective limits of a key, cached ``identity_cache_ttl_s`` (the bound on
-        how long a limit change takes to apply). Unknown keys are not cached: a new key works
-        at once."""
+        how long a limit change takes to apply). An unknown key is remembered as unknown for
+        ``unknown_key_cache_ttl_s`` (a bounded map, oldest dropped first)."""
         now = time.monotonic()
         hit = self._cache.get(key_sha256)
         if hit is not None and hit.expires > now:
             return hit
+        unknown_until = self._unknown.get(key_sha256)
+        if unknown_until is not None:
+            if unknown_until > now:
+                self.m.unknown_key_cache_hits.inc()
+                return None
+            del self._unknown[key_sha256]
         identity = await self.directory.identity_for_key_hash(key_sha256)
         if identity is None:
             self._cache.pop(key_sha256, None)
+            self._remember_unknown(key_sha256, now)
             return None
         plan = self.catalog.plans.get(identity.plan)
         if plan is None:
@@ -129,6 +137,14 @@ class BudgetService:
             self._cache.clear()  # crude bound: the cache is an optimisation, not state
         self._cache[key_sha256] = resolved
         return resolved
+
+    def _remember_unknown(self, key_sha256: str, now: float) -> None:
+        ttl = self.settings.unknown_key_cache_ttl_s
+        if ttl <= 0:
+            return
+        while len(self._unknown) >= self.settings.unknown_key_cache_size:
+            del self._unknown[next(iter(self._unknown))]  # insertion order: the oldest
+        self._unknown[key_sha256] = now + ttl
 
     # -- reserve -------------------------------------------------------------------------------
     async def reserve(self, req: ReserveRequest) -> ReserveReply:

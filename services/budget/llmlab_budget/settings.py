@@ -22,6 +22,14 @@ class BudgetSettings(ServiceSettings):
     # Identities and limits are cached this long per key hash: limit changes take effect within
     # this bound. Revocation does not wait for it (the reserve script checks it atomically).
     identity_cache_ttl_s: float = Field(default=2.0, ge=0)
+    # A key hash found unknown is answered from memory this long (0: never cached): a client
+    # retrying a bad key, or a flood of one, costs no Redis round trip while real keys wait for
+    # the pool. A key created meanwhile is refused for at most this long by each replica.
+    unknown_key_cache_ttl_s: float = Field(default=2.0, ge=0)
+    unknown_key_cache_size: int = Field(default=100_000, ge=1)
+    # Redis reads and connects that take longer fail (503 budget_unavailable at the gateway, a
+    # settle redelivered) instead of holding a connection forever on a hung server.
+    redis_socket_timeout_s: float = Field(default=5.0, gt=0)
     # A reservation whose request never settles is released this long after the request's
     # deadline (the gateway's request_timeout_s) by the reaper.
     reservation_grace_s: float = Field(default=30.0, ge=0)

@@ -135,3 +135,52 @@ async def test_tool_tokens_not_charged_when_the_plan_says_so(redis_layout, monke
     assert r.reserved_tokens == 10 + 40 + 10  # reserved: tools may still be sent to the engine
     c = await svc.settle_attempt(attempt("r1", "completed", usage=Usage(prompt_tokens=55, completion_tokens=10)))
     assert c is not None and c.charged == 55 - 40 + 10
+
+
+class CountingDirectory:
+    """The real directory, counting the hot-path lookups that reach Redis."""
+
+    def __init__(self, inner: Directory) -> None:
+        self.inner, self.lookups = inner, 0
+
+    async def identity_for_key_hash(self, sha256: str):  # type: ignore[no-untyped-def]
+        self.lookups += 1
+        return await self.inner.identity_for_key_hash(sha256)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.inner, name)
+
+
+async def test_an_unknown_key_is_remembered_briefly_and_the_memory_is_bounded(redis_layout, monkeypatch) -> None:
+    """Catches: every request with a bad key costing a Redis round trip (dd4f538 never cached
+    unknown keys, so one client hammering a wrong key competed with real users for the pool), a
+    negative entry that never expires (a key created later refused for good), and an unbounded map."""
+    redis, layout = redis_layout
+    svc, _, directory, _key, sha = await setup(redis_layout)
+    counting = CountingDirectory(directory)
+    now = [1000.0]
+    monkeypatch.setattr("llmlab_budget.service.time.monotonic", lambda: now[0])
+    svc = BudgetService(
+        BudgetSettings(identity_cache_ttl_s=0, unknown_key_cache_ttl_s=2.0, unknown_key_cache_size=3),
+        CATALOG,
+        counting,  # type: ignore[arg-type]
+        Ledger(redis, layout, 3600),
+        BudgetMetrics(Metrics("test")),
+        clock=Clock(NOON),
+    )
+    bad = "f" * 64
+    for _ in range(5):
+        r = await svc.reserve(req(bad))
+        assert r.error is not None and r.error.code == "invalid_api_key"
+    assert counting.lookups == 1
+    now[0] += 2.5  # past the TTL: asked again
+    await svc.reserve(req(bad))
+    assert counting.lookups == 2
+    # Bounded: three more unknown keys push the first out (size 3), so it is looked up again.
+    for other in ("a" * 64, "b" * 64, "c" * 64):
+        await svc.reserve(req(other))
+    assert counting.lookups == 5
+    await svc.reserve(req(bad))
+    assert counting.lookups == 6
+    # A known key is never answered from the negative map.
+    assert (await svc.reserve(req(sha, rid="ok"))).error is None
