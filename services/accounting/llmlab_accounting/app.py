@@ -68,6 +68,7 @@ def create_app(settings: AccountingSettings) -> FastAPI:
             app.state.service = service
             app.state.transport = transport
             state.checks["nats"] = lambda: nc.is_connected
+            state.checks["ingest"] = transport.ingest_healthy
             where = "a ClickHouse server" if settings.store_dsn else f"chdb at {settings.data_dir}"
             tune_gc()
             log.info("accounting up on %s:%d (namespace %s, %s)", settings.host, settings.port, topo.namespace, where)

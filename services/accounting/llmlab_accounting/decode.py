@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import gc
+import logging
 import multiprocessing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from llmlab_common.catalog import Catalog, load_catalog
@@ -24,6 +27,7 @@ from llmlab_accounting.columns import ATTEMPT_SCHEMA, REQUEST_SCHEMA, columns_to
 from llmlab_accounting.domain import RequestRow, attempt_columns, request_row
 from llmlab_accounting.service import Batch
 
+log = logging.getLogger(__name__)
 Item = tuple[bool, bytes]  # (is an attempt event, else a request event; the message body)
 
 
@@ -33,11 +37,17 @@ class Decoded:
     requests: list[pa.Table] = field(default_factory=list)
     bad: list[tuple[int, str]] = field(default_factory=list)  # (index in the input, why)
     ended_at: list[float] = field(default_factory=list)  # a sample, for the ingest-lag histogram
+    # The input index each row came from, in row order: a row the store refuses is traced back
+    # to its message (dead-lettered) instead of failing its whole batch.
+    attempt_src: list[int] = field(default_factory=list)
+    request_src: list[int] = field(default_factory=list)
 
     def extend(self, other: Decoded, offset: int = 0) -> None:
         self.attempts += other.attempts
         self.requests += other.requests
         self.bad += [(i + offset, why) for i, why in other.bad]
+        self.attempt_src += [i + offset for i in other.attempt_src]
+        self.request_src += [i + offset for i in other.request_src]
         if len(self.ended_at) < 50:
             self.ended_at += other.ended_at
 
@@ -50,23 +60,52 @@ def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
 
 
 def decode(items: Sequence[Item], catalog: Catalog) -> Decoded:
+    """Validate and map ``items``; one that fails (malformed, or a value no column holds) is
+    listed in ``bad`` with why, and never takes the rest of its chunk with it."""
     attempts: list[AttemptEvent] = []
+    attempt_src: list[int] = []
     requests: list[RequestRow] = []  # refusals are few: row by row
+    request_src: list[int] = []
     bad: list[tuple[int, str]] = []
     for i, (is_attempt, data) in enumerate(items):
         try:
             if is_attempt:
                 attempts.append(AttemptEvent.model_validate_json(data))
+                attempt_src.append(i)
             else:
                 requests.append(request_row(RequestEvent.model_validate_json(data), catalog))
+                request_src.append(i)
         except ValidationError as exc:
             bad.append((i, str(exc)[:500]))
-    return Decoded(
-        [columns_to_arrow(attempt_columns(attempts, catalog), ATTEMPT_SCHEMA)] if attempts else [],
-        [to_arrow(requests, REQUEST_SCHEMA)] if requests else [],
-        bad,
-        [e.ended_at for e in attempts[:50]],
+        except Exception as exc:  # a value the row mapping cannot take (say, a time out of range)
+            bad.append((i, f"unmappable: {exc}"[:500]))
+    att_tables, att_kept = _tables(
+        attempts, attempt_src, lambda evs: columns_to_arrow(attempt_columns(evs, catalog), ATTEMPT_SCHEMA), bad
     )
+    req_tables, req_kept = _tables(requests, request_src, lambda rows: to_arrow(rows, REQUEST_SCHEMA), bad)
+    kept = set(att_kept)
+    ended = [e.ended_at for e, i in zip(attempts, attempt_src, strict=True) if i in kept][:50]
+    return Decoded(att_tables, req_tables, bad, ended, att_kept, req_kept)
+
+
+def _tables(
+    rows: Sequence[Any], src: list[int], build: Callable[[Sequence[Any]], pa.Table], bad: list[tuple[int, str]]
+) -> tuple[list[pa.Table], list[int]]:
+    """One table of ``rows``; if a value does not fit its column (a count past the integer type,
+    a time past DateTime64), the rows one by one, listing those that fail in ``bad``."""
+    if not rows:
+        return [], []
+    try:
+        return [build(rows)], src
+    except Exception:
+        tables, kept = [], []
+        for row, i in zip(rows, src, strict=True):
+            try:
+                tables.append(build([row]))
+                kept.append(i)
+            except Exception as exc:
+                bad.append((i, f"value out of range: {exc}"[:500]))
+        return ([pa.concat_tables(tables)] if tables else []), kept
 
 
 def tune_gc() -> None:
@@ -97,14 +136,19 @@ class Decoder:
         self.catalog = catalog
         self.processes = processes
         self.min_parallel = min_parallel  # smaller batches: not worth the inter-process copy
+        self.catalog_path = catalog_path
+        self.restarts = 0
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         if processes > 0:
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                processes,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker,
-                initargs=(str(catalog_path),),
-            )
+            self._pool = self._new_pool()
+
+    def _new_pool(self) -> concurrent.futures.ProcessPoolExecutor:
+        return concurrent.futures.ProcessPoolExecutor(
+            self.processes,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(str(self.catalog_path),),
+        )
 
     async def decode(self, items: Sequence[Item]) -> Decoded:
         if self._pool is None or len(items) < self.min_parallel:
@@ -112,7 +156,18 @@ class Decoder:
         loop = asyncio.get_running_loop()
         step = -(-len(items) // self.processes)
         chunks = [items[i : i + step] for i in range(0, len(items), step)]
-        parts = await asyncio.gather(*(loop.run_in_executor(self._pool, _decode_in_worker, c) for c in chunks))
+        pool = self._pool
+        try:
+            parts = await asyncio.gather(*(loop.run_in_executor(pool, _decode_in_worker, c) for c in chunks))
+        except BrokenProcessPool:
+            # A decode process died (OOM-killed, say): the pool is unusable from then on. Start a
+            # new one for the next chunks and decode this one here, so ingest goes on.
+            log.error("a decode process died; starting new ones (this chunk decoded in the event loop)")
+            if self._pool is pool:
+                pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = self._new_pool()
+                self.restarts += 1
+            return decode(items, self.catalog)
         out = Decoded()
         for k, part in enumerate(parts):
             out.extend(part, k * step)

@@ -35,6 +35,9 @@ class AccountingSettings(ServiceSettings):
     # Unacked messages (a killed process) come back after ack_wait_s: larger than a flush plus
     # the slowest insert, or a healthy batch would be redelivered while it is being inserted.
     ack_wait_s: float = Field(default=60.0, gt=0)
+    # /ready turns false when inserts have failed for this long (the store refuses everything)
+    # or the ingest loop died: an orchestrator then restarts the process.
+    ingest_unhealthy_after_s: float = Field(default=60.0, gt=0)
     # GPU-time attribution: every period_s, for periods that ended attribution_lag_s ago (late
     # events), recompute the period's attribution (idempotent: rows replace the previous run's).
     attribution_period_s: float = Field(default=60.0, gt=0)

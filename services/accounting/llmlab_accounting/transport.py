@@ -10,7 +10,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmlab_common.messages import Heartbeat
 from llmlab_common.pull import BatchPuller
@@ -26,6 +28,7 @@ from pydantic import ValidationError
 from llmlab_accounting.attribution import period_bounds
 from llmlab_accounting.decode import Decoded, Decoder, Item
 from llmlab_accounting.domain import HeartbeatRow, heartbeat_row
+from llmlab_accounting.isolate import insert_isolating
 from llmlab_accounting.service import AccountingService, Batch
 from llmlab_accounting.settings import AccountingSettings
 
@@ -50,6 +53,22 @@ class _Pending:
         self.parts.append(part)
 
 
+class _Sources:
+    """The message each row of a batch came from, in row order (per table): a fetched ``Msg``, or
+    a stream message read back by recovery (both have ``subject`` and ``data``)."""
+
+    def __init__(self) -> None:
+        self.attempts: list[Any] = []
+        self.requests: list[Any] = []
+
+    def add(self, ours: Sequence[Any], d: Decoded) -> None:
+        self.attempts += [ours[i] for i in d.attempt_src]
+        self.requests += [ours[i] for i in d.request_src]
+
+    def of(self, kind: str, row: int) -> Any:
+        return (self.attempts if kind == "attempt" else self.requests)[row]
+
+
 class AccountingTransport:
     def __init__(
         self,
@@ -70,6 +89,7 @@ class AccountingTransport:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self.last_flush_at = 0.0
+        self.failing_since: float | None = None  # monotonic time inserts started failing
 
     async def start(self) -> None:
         s = self.settings
@@ -122,20 +142,26 @@ class AccountingTransport:
         collapsed by the tables' keys. Only then may an ack-all move the ack floor past them."""
         log.warning("recovering events %d..%d fetched by a previous process and never acked", first, last)
         items: list[Item] = []
+        raws: list[Any] = []
         n = 0
         for seq in range(first, last + 1):
             try:
                 raw = await self.js.get_msg(self.topo.events_stream, seq)
             except NotFoundError:
-                continue  # aged out of the stream
-            if raw.subject in (self.topo.attempt_event_subject, self.topo.request_event_subject):
+                raw = None  # aged out of the stream
+            if raw is not None and raw.subject in (self.topo.attempt_event_subject, self.topo.request_event_subject):
                 items.append((raw.subject == self.topo.attempt_event_subject, raw.data or b""))
-            if len(items) >= self.settings.batch_rows or seq == last:
+                raws.append(raw)
+            if items and (len(items) >= self.settings.batch_rows or seq == last):
                 # Malformed ones: the previous process dead-lettered them, or their redelivery will.
                 d = await self.decoder.decode(items)
                 batch = d.batch()
-                await asyncio.to_thread(self.service.insert, batch)
-                n, items = n + len(batch), []
+                sources = _Sources()
+                sources.add(raws, d)
+                # A poison event must not crash-loop the restart: the same isolation as ingest.
+                if not await self._insert_and_ack(batch, [], sources):
+                    return
+                n, items, raws = n + len(batch), [], []
         log.warning("recovered %d events", n)
 
     async def _ingest_loop(self, puller: BatchPuller) -> None:
@@ -193,31 +219,59 @@ class AccountingTransport:
             if gave_up:
                 continue  # after an unacked batch nothing may be acked (ack-all would cover it)
             decoded = Decoded()
+            sources = _Sources()
             for part in batch.parts:
                 ours, d = await part
                 for i, why in d.bad:
                     await self._dead_letter(ours[i], why)
+                sources.add(ours, d)
                 decoded.extend(d)
             rows = decoded.batch()
             m.events.labels("attempt").inc(rows.attempts.num_rows)
             m.events.labels("request").inc(rows.requests.num_rows)
-            gave_up = not await self._insert_and_ack(rows, batch.msgs)
+            gave_up = not await self._insert_and_ack(rows, batch.msgs, sources)
 
-    async def _insert_and_ack(self, batch: Batch, msgs: list[Msg]) -> bool:
-        """Insert (retrying until it works or the service stops), then ack; False: not acked."""
+    async def _insert(self, batch: Batch) -> None:
+        await asyncio.to_thread(self.service.insert, batch)
+
+    async def _store_answers(self) -> bool:
+        try:
+            return bool(await asyncio.to_thread(self.service.store.scalar, "SELECT 1") == 1)
+        except Exception:
+            return False
+
+    def ingest_healthy(self) -> bool:
+        """For /ready: the ingest loop runs, and no insert has been failing for longer than
+        ``ingest_unhealthy_after_s`` (a store that refuses everything, a loop that died)."""
+        if self._tasks and self._tasks[0].done():
+            return False
+        since = self.failing_since
+        return since is None or time.monotonic() - since < self.settings.ingest_unhealthy_after_s
+
+    async def _insert_and_ack(self, batch: Batch, msgs: list[Msg], sources: _Sources | None = None) -> bool:
+        """Insert (retrying while the store is down, until it works or the service stops), then
+        ack; False: not acked. Rows the store refuses while it answers otherwise are found by
+        bisection and dead-lettered (their messages, with why): a poison row neither blocks
+        ingest nor is retried forever."""
         delay = 0.5
         while True:
             try:
-                await asyncio.to_thread(self.service.insert, batch)
+                refused = await insert_isolating(self._insert, self._store_answers, batch)
                 break
             except Exception:
                 # Keep the batch and retry: nothing is acked, so a crash now loses nothing either.
                 self.service.m.insert_errors.inc()
+                if self.failing_since is None:
+                    self.failing_since = time.monotonic()
                 log.exception("insert of %d rows failed; retrying in %.1fs", len(batch), delay)
                 if self._stopping:
                     return False  # unacked: redelivered to the next process
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
+        self.failing_since = None
+        for r in refused:
+            if sources is not None:
+                await self._dead_letter(sources.of(r.kind, r.row), f"refused by the store: {r.why}")
         if msgs:
             # Ack-all: the last delivered message acks everything up to its stream sequence. (A
             # redelivery there has a lower one: then less is acked and more redelivered, which the
@@ -227,7 +281,7 @@ class AccountingTransport:
         self.last_flush_at = time.time()
         return True
 
-    async def _dead_letter(self, msg: Msg, why: str) -> None:
+    async def _dead_letter(self, msg: Any, why: str) -> None:
         self.service.m.events.labels("dead_letter").inc()
         log.error("malformed event on %s dead-lettered: %s", msg.subject, why[:300])
         with contextlib.suppress(Exception):

@@ -209,3 +209,62 @@ async def test_heartbeats_are_recorded_and_standby_workers_cost_their_deployment
         assert events.labels("heartbeat")._value.get() == 70 and events.labels("heartbeat_malformed")._value.get() == 1
     finally:
         store.close()
+
+
+async def test_a_poison_event_is_dead_lettered_and_ingest_goes_on(
+    nats_ns: tuple[NATS, Topology],
+    tmp_path: Path,
+    catalog: Catalog,
+    attempt_factory: Callable[..., AttemptEvent],
+) -> None:
+    """Catches: an event with a value no column holds (prompt_tokens past int64) killing the
+    commit loop while /ready stayed green (dd4f538): every event after it waited forever."""
+    import json
+
+    nc, topo = nats_ns
+    js = nc.jetstream()
+    dead: list[tuple[bytes, str]] = []
+
+    async def on_dead(msg: Msg) -> None:
+        dead.append((msg.data, (msg.headers or {}).get("Llmlab-Reason", "")))
+
+    sub = await nc.subscribe(topo.dead_letter_subject, cb=on_dead)
+    poison = json.loads(attempt_factory("poison").model_dump_json())
+    poison["usage"]["prompt_tokens"] = 10**20
+    await js.publish(topo.attempt_event_subject, attempt_factory("before").model_dump_json().encode())
+    await js.publish(topo.attempt_event_subject, json.dumps(poison).encode())
+    for i in range(5):
+        await js.publish(topo.attempt_event_subject, attempt_factory(f"after{i}").model_dump_json().encode())
+    store = ClickHouseStore.open(data_dir=tmp_path / "chdb")
+    store.ensure_schema()
+    svc = AccountingService(store, catalog, AccountingMetrics(Metrics("t")))
+    decoder = Decoder(catalog, DEFAULT_CATALOG, 0)
+    settings = AccountingSettings(flush_interval_s=0.2, ingest_unhealthy_after_s=1.0, drain_timeout_s=5)
+    tr = AccountingTransport(nc, js, topo, svc, settings, decoder)
+    await tr.start()
+    try:
+        await until(
+            lambda: store.query("SELECT count() FROM attempts_raw").rows == [[6]], what="the six good events stored"
+        )
+        await until(lambda: len(dead) == 1, what="the poison event dead-lettered")
+        assert b"poison" in dead[0][0] and "out of range" in dead[0][1]
+        assert tr.ingest_healthy()
+        # Ingest goes on after it.
+        await js.publish(topo.attempt_event_subject, attempt_factory("later").model_dump_json().encode())
+        await until(lambda: store.query("SELECT count() FROM attempts_raw").rows == [[7]], what="a later event")
+        # A store that refuses everything is not poison: nothing is dead-lettered, the batch is
+        # kept and retried, and /ready turns false after ingest_unhealthy_after_s.
+        store.close()
+        await js.publish(topo.attempt_event_subject, attempt_factory("while-down").model_dump_json().encode())
+        await until(lambda: not tr.ingest_healthy(), what="/ready's ingest check to fail")
+        assert len(dead) == 1
+        t0 = time.monotonic()
+        await tr.stop()  # SIGTERM while inserts fail: prompt, and nothing acked
+        assert time.monotonic() - t0 < 12
+        info = await js.consumer_info(topo.events_stream, topo.ACCOUNTING_CONSUMER)
+        assert info.num_ack_pending + info.num_pending >= 1
+    finally:
+        await tr.stop()
+        decoder.close()
+        store.close()
+        await sub.unsubscribe()
