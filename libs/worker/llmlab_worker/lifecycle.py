@@ -139,6 +139,11 @@ class WorkerMetrics:
             "worker_token_messages_total", "Token messages published (after coalescing)", p
         ).labels(pool)
         self.completion_len = hist("worker_request_completion_tokens", "Completion tokens per attempt", TOKEN_BUCKETS)
+        self.event_publish_failures = m.counter(
+            "worker_event_publish_failures_total",
+            "Attempt events JetStream never confirmed within event_publish_retry_s (their charge is lost)",
+            p,
+        ).labels(pool)
         self.engine = EngineLoadCollector(m.namespace, pool, engine)
         m.registry.register(self.engine)
 
@@ -319,17 +324,26 @@ class Worker:
         """Core publish from sync code, in order, without a task per message."""
         self._outbox.put(subject, payload)
 
-    async def _publish_event(self, event: AttemptEvent) -> None:
+    async def _publish_event(self, event: AttemptEvent) -> bool:
+        """Publish the attempt's event and wait for JetStream's confirmation, retrying with backoff
+        for up to ``event_publish_retry_s`` (the message id makes a retry land once); False if it
+        never landed (logged and counted)."""
         assert self.js is not None
-        try:
-            await self.js.publish(
-                self.topo.attempt_event_subject,
-                event.model_dump_json(exclude_none=True).encode(),
-                headers={"Nats-Msg-Id": attempt_event_msg_id(event.request_id, event.attempt, event.source)},
-                timeout=5,
-            )
-        except Exception:
-            log.exception("could not publish attempt event", extra={"request_id": event.request_id})
+        payload = event.model_dump_json(exclude_none=True).encode()
+        headers = {"Nats-Msg-Id": attempt_event_msg_id(event.request_id, event.attempt, event.source)}
+        deadline = time.monotonic() + self.settings.event_publish_retry_s
+        delay = 0.1
+        while True:
+            try:
+                await self.js.publish(self.topo.attempt_event_subject, payload, headers=headers, timeout=5)
+                return True
+            except Exception:
+                if time.monotonic() + delay > deadline:
+                    self.m.event_publish_failures.inc()
+                    log.exception("could not publish attempt event", extra={"request_id": event.request_id})
+                    return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
     async def _on_cancel(self, msg: Msg) -> None:
         try:
@@ -415,10 +429,6 @@ class Worker:
         self.running.pop((req.request_id, req.attempt), None)
         self.m.in_flight.set(len(self.running))
         await self.capacity.release(1)
-        try:
-            await msg.ack()
-        except Exception:
-            log.warning("ack failed (redelivery will be dropped as stale)")
         outcome, usage, t = result.outcome, result.usage, result.timings
         self.m.attempt(outcome).inc()
         if usage is not None:
@@ -450,7 +460,14 @@ class Worker:
         )
         if run.cancel_reason:
             log.info("attempt %d cancelled: %s", req.attempt, run.cancel_reason)
+        # The event (what the request is charged and billed by) is confirmed by JetStream before
+        # the request message is acked: a crash in between redelivers the request (dropped as
+        # stale, its event already stored), where acking first lost the charge.
         await self._publish_event(event)
+        try:
+            await msg.ack()
+        except Exception:
+            log.warning("ack failed (redelivery will be dropped as stale)")
 
     # -- health, load and heartbeats ---------------------------------------------------------
     async def _check_engine(self) -> None:

@@ -31,6 +31,10 @@ class WorkerSettings(ScalableSettings):
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     # JetStream redelivers an unacked attempt after this; in-progress acks keep long generations alive.
     ack_wait_s: float = Field(default=30.0, gt=0)
+    # How long an attempt's event is retried (JetStream unreachable or full) before the request
+    # is acked anyway and the loss counted (llmlab_worker_event_publish_failures_total). Below
+    # ack_wait_s, so the request is not redelivered meanwhile.
+    event_publish_retry_s: float = Field(default=10.0, ge=0)
     max_deliver: int = Field(default=3, ge=1)
     # Consumers of dead workers are removed by NATS after this long without pulls.
     worker_consumer_inactive_s: float = Field(default=300.0, gt=0)

@@ -268,3 +268,69 @@ async def test_an_attempt_is_counted_under_its_pool_with_one_itl_per_gap() -> No
     assert s['llmlab_worker_completion_tokens_total{pool="gpu-sglang"}'] == 3
     assert s['llmlab_worker_tpot_seconds_count{pool="gpu-sglang"}'] == 1
     assert [k for k in s if k.startswith("llmlab_worker_") and 'pool="gpu-sglang"' not in k] == []
+
+
+@dataclass
+class OrderedMsg(FakeMsg):
+    log: list[str] = field(default_factory=list)
+
+    async def ack(self) -> None:
+        self.log.append("ack")
+        await super().ack()
+
+
+@dataclass
+class FlakyJS(FakeJS):
+    """Fails the first ``failures`` publishes (JetStream unreachable or full), then confirms."""
+
+    failures: int = 0
+    log: list[str] = field(default_factory=list)
+
+    async def publish(self, subject: str, payload: bytes, **kw: Any) -> None:
+        if self.failures:
+            self.failures -= 1
+            self.log.append("publish failed")
+            raise TimeoutError("no JetStream ack")
+        self.log.append("publish")
+        await super().publish(subject, payload, **kw)
+
+
+async def test_the_attempt_event_is_confirmed_before_the_request_is_acked() -> None:
+    """Catches: the worker acking the request before its attempt event was stored (dd4f538): a
+    crash in between lost the charge, since the acked request is never redelivered. A publish
+    that fails is retried (the message id makes it land once) before the ack."""
+    usage = Usage(prompt_tokens=5, completion_tokens=1, total_tokens=6)
+    w, _sent, _ = _worker(["a", EngineEvent(at=time.monotonic(), finish_reason="stop", usage=usage)])
+    log: list[str] = []
+    js = FlakyJS(failures=2, log=log)
+    w.js = js  # type: ignore[assignment]
+    run = await _run(w, _req(), OrderedMsg(log=log))
+    assert run.task is not None
+    await run.task
+    assert log == ["publish failed", "publish failed", "publish", "ack"]
+    assert [e.outcome for e in js.events] == ["completed"]
+    assert (
+        samples(w.metrics, "llmlab_worker_event_publish_failures").get(
+            'llmlab_worker_event_publish_failures_total{pool="gpu-vllm"}'
+        )
+        == 0
+    )
+
+
+async def test_an_event_that_never_lands_is_counted_and_the_request_still_acked() -> None:
+    """A JetStream that stays away past event_publish_retry_s: the loss is counted (an alert can
+    see it) and the request acked, not redelivered to run again."""
+    w, _sent, _ = _worker(["a", EngineEvent(at=time.monotonic(), finish_reason="stop")])
+    w.settings = w.settings.model_copy(update={"event_publish_retry_s": 0.3})
+    log: list[str] = []
+    w.js = FlakyJS(failures=10**6, log=log)  # type: ignore[assignment]
+    run = await _run(w, _req(), OrderedMsg(log=log))
+    assert run.task is not None
+    await run.task
+    assert log[-1] == "ack" and log.count("publish failed") >= 2
+    assert (
+        samples(w.metrics, "llmlab_worker_event_publish_failures").get(
+            'llmlab_worker_event_publish_failures_total{pool="gpu-vllm"}'
+        )
+        == 1
+    )
