@@ -247,16 +247,17 @@ HEARTBEAT_MISSES = 3
 
 
 class Heartbeat(_Msg):
-    worker_id: str
-    pool: str
-    engine: str
-    models: list[str]
-    max_concurrency: int
-    in_flight: int
+    # Bounded: every gateway, the router and accounting hold one per worker.
+    worker_id: str = Field(max_length=128)
+    pool: str = Field(max_length=128)
+    engine: str = Field(max_length=64)
+    models: list[str] = Field(max_length=256)
+    max_concurrency: int = Field(ge=0, le=1_000_000)
+    in_flight: int = Field(ge=0, le=1_000_000)
     ready: bool
     draining: bool = False
     load: EngineLoad = Field(default_factory=EngineLoad)
-    interval_s: float
+    interval_s: float = Field(gt=0, le=3600)
     sent_at: float
     # New for each start of the worker process: a worker restarted under the same id (a
     # StatefulSet pod) beats again at once, yet the attempts its previous process took are lost.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.errors import SlowConsumerError
@@ -13,6 +14,8 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import BadRequestError, NotFoundError
 
 from llmlab_common.metrics import Metrics
+from llmlab_common.natsauth import inbox_prefix
+from llmlab_common.settings import InfraSettings
 from llmlab_common.subjects import Topology
 
 log = logging.getLogger(__name__)
@@ -34,10 +37,19 @@ TOKEN_SUB_PENDING_BYTES = 64 * 1024 * 1024
 _SLOW_LOG_EVERY_S = 10.0
 
 
-async def connect(url: str, name: str, client: NATS | None = None, metrics: Metrics | None = None) -> NATS:
+async def connect(
+    url: str,
+    name: str,
+    client: NATS | None = None,
+    metrics: Metrics | None = None,
+    user: str = "",
+    password: str = "",
+) -> NATS:
     """Connect ``client`` (a fresh nats-py client by default: a subclass may be passed in). With
     ``metrics``, messages dropped by a slow consumer are counted there (and logged at most once
-    every 10 s): nats-py reports each drop to the error callback and drops it silently otherwise."""
+    every 10 s): nats-py reports each drop to the error callback and drops it silently otherwise.
+    With ``user`` (a role of :mod:`llmlab_common.natsauth`), it authenticates as that role and its
+    replies come to the role's own inbox prefix, the only inboxes the role may read."""
     drops = (
         metrics.counter("nats_slow_consumer_drops_total", "Messages NATS delivered that a full subscription dropped")
         if metrics is not None
@@ -63,6 +75,9 @@ async def connect(url: str, name: str, client: NATS | None = None, metrics: Metr
         log.info("nats reconnected")
 
     nc = client if client is not None else NATS()
+    auth: dict[str, Any] = {}
+    if user:
+        auth = {"user": user, "password": password, "inbox_prefix": inbox_prefix(user)}
     await nc.connect(
         url,
         name=name,
@@ -72,8 +87,16 @@ async def connect(url: str, name: str, client: NATS | None = None, metrics: Metr
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,  # type: ignore[arg-type]  # typed int, used as seconds (float)
         pending_size=PUBLISH_BUFFER_BYTES,
+        **auth,
     )
     return nc
+
+
+async def connect_as(infra: InfraSettings, name: str, metrics: Metrics | None = None) -> NATS:
+    """:func:`connect` with a service's infrastructure settings (URL, user, password)."""
+    return await connect(
+        infra.nats_url, name, metrics=metrics, user=infra.nats_user, password=infra.nats_password.get_secret_value()
+    )
 
 
 def stream_configs(topo: Topology) -> list[StreamConfig]:
@@ -120,7 +143,12 @@ async def ensure_streams(js: JetStreamContext, topo: Topology) -> None:
         changed = [f for f in _COMPARED if getattr(current, f) != getattr(cfg, f) and getattr(cfg, f) is not None]
         if changed:
             log.warning("stream %s differs in %s: updating it", cfg.name, changed)
-            await js.update_stream(cfg)
+            try:
+                await js.update_stream(cfg)
+            except Exception as exc:
+                # With role users (llmlab_common.natsauth) only admin may update a stream: a
+                # service goes on with the stream as it is and says what an admin should do.
+                log.error("stream %s could not be updated (%s): update it with the admin user", cfg.name, exc)
 
 
 async def delete_streams(js: JetStreamContext, topo: Topology) -> None:

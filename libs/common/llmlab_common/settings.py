@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Relative paths resolve against the working directory: every command of this repository runs
@@ -38,6 +38,11 @@ class InfraSettings(BaseSettings):
     catalog_path: Path = DEFAULT_CATALOG
     log_level: str = "INFO"
     log_json: bool = True
+    # This process's NATS user and password: one user per role, each allowed only its role's
+    # subjects (llmlab_common.natsauth writes the server's configuration). Empty user: an
+    # unauthenticated connection, which a service refuses in prod.
+    nats_user: str = ""
+    nats_password: SecretStr = SecretStr("")
 
     @field_validator("namespace")
     @classmethod
@@ -57,6 +62,15 @@ class ServiceSettings(BaseSettings):
     port: int = 8000
     # How long SIGTERM waits for in-flight work before the process exits.
     drain_timeout_s: float = 30.0
+
+    @model_validator(mode="after")
+    def _authenticated_nats_in_prod(self) -> ServiceSettings:
+        if self.infra.env == "prod" and not self.infra.nats_user:
+            raise ValueError(
+                "LLMLAB_NATS_USER is empty: prod refuses an unauthenticated NATS connection "
+                "(python -m llmlab_common.natsauth writes a server configuration with one user per role)"
+            )
+        return self
 
     def refuse_default_secret(self, name: str, value: str, default: str) -> None:
         """Outside dev/test a secret left at its shipped default is a deployment error."""

@@ -123,6 +123,14 @@ class Topology:
     def heartbeat_subject(self, pool: str, worker_id: str) -> str:
         return f"{self.namespace}.hb.{check_token(pool, 'pool')}.{check_token(worker_id, 'worker id')}"
 
+    def heartbeat_matches(self, subject: str, pool: str, worker_id: str) -> bool:
+        """Whether a heartbeat came on its own worker's subject (one that names another worker or
+        pool than its body is dropped: it would speak for someone else)."""
+        try:
+            return subject == self.heartbeat_subject(pool, worker_id)
+        except ValueError:
+            return False
+
     @property
     def heartbeat_wildcard(self) -> str:
         return f"{self.namespace}.hb.>"

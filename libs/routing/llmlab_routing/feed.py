@@ -51,9 +51,16 @@ class LiveFeed:
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
-            self.state.on_heartbeat(Heartbeat.model_validate_json(msg.data))
+            hb = Heartbeat.model_validate_json(msg.data)
         except ValidationError:
             log.warning("malformed heartbeat dropped from %s", msg.subject)
+            return
+        if not self.topo.heartbeat_matches(msg.subject, hb.pool, hb.worker_id):
+            log.warning(
+                "heartbeat of %s/%s on %s dropped: not its subject", hb.pool[:64], hb.worker_id[:64], msg.subject
+            )
+            return
+        self.state.on_heartbeat(hb)
 
     async def _on_event(self, msg: Msg) -> None:
         try:

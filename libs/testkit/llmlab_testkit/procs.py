@@ -121,6 +121,14 @@ class ManagedProcess:
         return self.proc.returncode
 
 
+_ROLE_OF_MODULE = {
+    "llmlab_gateway": "gateway",
+    "llmlab_budget": "budget",
+    "llmlab_router": "router",
+    "llmlab_accounting": "accounting",
+}
+
+
 @dataclass
 class Stack:
     """Processes of one test, all in one NATS namespace; ``close()`` stops them."""
@@ -130,6 +138,9 @@ class Stack:
     redis_url: str = os.environ.get("LLMLAB_REDIS_URL", "redis://127.0.0.1:6379/0")
     procs: list[ManagedProcess] = field(default_factory=list)
     python: str = sys.executable
+    # Role passwords of an authenticated NATS (llmlab_testkit.natsserver): each service then
+    # connects as its role (llmlab_common.natsauth); None: unauthenticated, as the machine's NATS.
+    nats_passwords: dict[str, str] | None = None
     _workdir: Path | None = None
 
     def base_env(self) -> dict[str, str]:
@@ -153,6 +164,9 @@ class Stack:
         timeout: float = 30.0,
         python: str | None = None,
     ) -> ManagedProcess:
+        role = _ROLE_OF_MODULE.get(module, "worker" if module.startswith("llmlab_worker") else "")
+        if self.nats_passwords is not None and role:
+            env = {"LLMLAB_NATS_USER": role, "LLMLAB_NATS_PASSWORD": self.nats_passwords[role], **env}
         p = ManagedProcess(
             name,
             [python or self.python, "-m", module, *args],

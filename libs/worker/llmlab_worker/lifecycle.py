@@ -26,7 +26,7 @@ from llmlab_common.messages import (
     Timings,
 )
 from llmlab_common.metrics import ITL_BUCKETS, LATENCY_BUCKETS, TOKEN_BUCKETS, Metrics
-from llmlab_common.natsio import connect, ensure_streams
+from llmlab_common.natsio import connect_as, ensure_streams
 from llmlab_common.subjects import Topology, attempt_event_msg_id
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -222,7 +222,7 @@ class Worker:
     async def start(self) -> None:
         s = self.settings
         await self.adapter.start()
-        self.nc = await connect(s.infra.nats_url, f"worker-{s.worker_id}", metrics=self.metrics)
+        self.nc = await connect_as(s.infra, f"worker-{s.worker_id}", metrics=self.metrics)
         self.js = self.nc.jetstream()
         await ensure_streams(self.js, self.topo)
         common: dict[str, Any] = {
@@ -377,10 +377,24 @@ class Worker:
             await self._dead_letter(msg, str(exc))
             await self.capacity.release(1)
             return
+        if not self._reply_subject_ok(req):
+            # The worker publishes whatever the request names: only its gateway's token subject
+            # for it may be named, never a subject of another role or another request.
+            await self._dead_letter(
+                msg, f"reply_subject {req.reply_subject[:100]!r} is not the request's token subject"
+            )
+            await self.capacity.release(1)
+            return
         run = _Running(req=req, msg=msg)
         self.running[(req.request_id, req.attempt)] = run
         self.m.in_flight.set(len(self.running))
         run.task = asyncio.create_task(self._run(run), name=f"attempt:{req.request_id}:{req.attempt}")
+
+    def _reply_subject_ok(self, req: InferenceRequest) -> bool:
+        try:
+            return req.reply_subject == self.topo.token_subject(req.gateway_id, req.request_id)
+        except ValueError:  # a gateway or request id that is no subject token
+            return False
 
     async def _dead_letter(self, msg: Msg, why: str) -> None:
         assert self.js is not None

@@ -334,3 +334,52 @@ async def test_an_event_that_never_lands_is_counted_and_the_request_still_acked(
         )
         == 1
     )
+
+
+@dataclass
+class TermMsg(FakeMsg):
+    data: bytes = b""
+    terms: int = 0
+
+    async def term(self) -> None:
+        self.terms += 1
+
+
+@dataclass
+class DeadLetterJS:
+    published: list[tuple[str, bytes]] = field(default_factory=list)
+
+    async def publish(self, subject: str, payload: bytes, **_: Any) -> None:
+        self.published.append((subject, payload))
+
+
+@pytest.mark.parametrize(
+    "reply_subject",
+    ["llmlab.budget.reserve", "llmlab.evt.attempt", "llmlab.tok.g1.another-request", "llmlab.tok.g2.r1", ""],
+)
+async def test_a_request_naming_another_reply_subject_is_dead_lettered_not_run(reply_subject: str) -> None:
+    """Catches: a worker publishing its stream wherever the request says (dd4f538): a forged
+    request could make it answer budget.reserve, forge events or write into another stream."""
+    w, sent, _ = _worker(["a", EngineEvent(at=time.monotonic(), finish_reason="stop")])
+    js = DeadLetterJS()
+    w.js = js  # type: ignore[assignment]
+    msg = TermMsg(data=_req(reply_subject=reply_subject).model_dump_json().encode())
+    await w.capacity.take_up_to(1)
+    w.engine_ready = True
+    await w._on_request(msg, held_slot=True)  # type: ignore[arg-type]
+    assert sent == [] and not w.running and msg.terms == 1
+    assert [s for s, _ in js.published] == [w.topo.dead_letter_subject]
+    assert w.capacity.free == 2
+
+
+async def test_the_request_s_own_token_subject_is_accepted() -> None:
+    w, _sent, js = _worker(["a", EngineEvent(at=time.monotonic(), finish_reason="stop")])
+    req = _req(reply_subject=w.topo.token_subject("g1", "r1"))
+    msg = TermMsg(data=req.model_dump_json().encode())
+    await w.capacity.take_up_to(1)
+    w.engine_ready = True
+    await w._on_request(msg, held_slot=True)  # type: ignore[arg-type]
+    run = w.running.get(("r1", 1))
+    assert run is not None and run.task is not None
+    await run.task
+    assert msg.terms == 0 and [e.outcome for e in js.events] == ["completed"]

@@ -14,7 +14,7 @@ from llmlab_common.catalog import load_catalog
 from llmlab_common.http import install_error_handlers
 from llmlab_common.jsprobe import JetStreamProbe, run_probe
 from llmlab_common.metrics import Metrics
-from llmlab_common.natsio import connect, ensure_streams
+from llmlab_common.natsio import connect_as, ensure_streams
 from llmlab_common.runtime import ServiceState, cancel_and_wait, ops_router
 from llmlab_common.subjects import Topology
 
@@ -47,7 +47,7 @@ def create_app(settings: AccountingSettings) -> FastAPI:
             store.ensure_schema()
             service = AccountingService(store, catalog, am, settings.prefill_weight)
             topo = Topology(settings.infra.namespace)
-            nc = await connect(settings.infra.nats_url, "accounting")
+            nc = await connect_as(settings.infra, "accounting")
             stack.push_async_callback(nc.drain)
             js = nc.jetstream()
             await ensure_streams(js, topo)

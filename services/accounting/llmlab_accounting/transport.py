@@ -294,6 +294,9 @@ class AccountingTransport:
         except ValidationError:
             self.service.m.events.labels("heartbeat_malformed").inc()
             return
+        if not self.topo.heartbeat_matches(msg.subject, hb.pool, hb.worker_id):
+            self.service.m.events.labels("heartbeat_malformed").inc()
+            return
         self.service.m.events.labels("heartbeat").inc()
         self._heartbeats.append(heartbeat_row(hb, self.service.catalog))
 

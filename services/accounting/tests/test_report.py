@@ -207,6 +207,9 @@ def test_dev_admin_key_is_refused_in_prod(monkeypatch: pytest.MonkeyPatch) -> No
     from llmlab_accounting.settings import DEV_ADMIN_KEY_SHA256
 
     monkeypatch.delenv("LLMLAB_ENV", raising=False)  # unset is prod
+    with pytest.raises(ValueError, match="unauthenticated NATS"):
+        AccountingSettings()
+    monkeypatch.setenv("LLMLAB_NATS_USER", "accounting")  # authenticated: now the admin key
     with pytest.raises(ValueError, match="ADMIN_KEY_SHA256"):
         AccountingSettings()
     monkeypatch.setenv("LLMLAB_ENV", "prod")

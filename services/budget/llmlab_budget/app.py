@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from llmlab_common.catalog import load_catalog
 from llmlab_common.http import install_error_handlers
 from llmlab_common.metrics import Metrics
-from llmlab_common.natsio import connect, ensure_streams
+from llmlab_common.natsio import connect_as, ensure_streams
 from llmlab_common.runtime import ServiceState, ops_router
 from llmlab_common.subjects import Topology
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -58,7 +58,7 @@ def create_app(settings: BudgetSettings) -> FastAPI:
             ledger = Ledger(redis, layout, settings.settled_ttl_s)
             service = BudgetService(settings, catalog, directory, ledger, bm)
             topo = Topology(settings.infra.namespace)
-            nc = await connect(settings.infra.nats_url, "budget")
+            nc = await connect_as(settings.infra, "budget")
             stack.push_async_callback(nc.drain)
             js = nc.jetstream()
             await ensure_streams(js, topo)

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from llmlab_common.http import install_error_handlers, unexpected_error
 from llmlab_common.metrics import Metrics
-from llmlab_common.natsio import connect, ensure_streams
+from llmlab_common.natsio import connect_as, ensure_streams
 from llmlab_common.runtime import ServiceState, cancel_and_wait, ops_router
 from llmlab_common.subjects import Topology
 from llmlab_routing.config import CatalogHolder, watch_catalog
@@ -49,7 +49,7 @@ def create_app(settings: GatewaySettings) -> RawSendApp:
             holder = CatalogHolder(settings.infra.catalog_path)
             gm.zero(holder.current.catalog)
             topo = Topology(settings.infra.namespace)
-            nc = await connect(settings.infra.nats_url, f"gateway-{settings.gateway_id}", metrics=metrics)
+            nc = await connect_as(settings.infra, f"gateway-{settings.gateway_id}", metrics=metrics)
             stack.push_async_callback(_drain, nc)
             js = nc.jetstream()
             await ensure_streams(js, topo)

@@ -304,6 +304,11 @@ class NatsDispatcher:
         except ValidationError:
             log.warning("malformed heartbeat dropped from %s", msg.subject)
             return
+        if not self.topo.heartbeat_matches(msg.subject, hb.pool, hb.worker_id):
+            log.warning(
+                "heartbeat of %s/%s on %s dropped: not its subject", hb.pool[:64], hb.worker_id[:64], msg.subject
+            )
+            return
         self.registry.on_heartbeat(hb)
 
     async def _sweep_loop(self) -> None:

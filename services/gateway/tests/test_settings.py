@@ -8,17 +8,18 @@ from llmlab_common.settings import InfraSettings
 from llmlab_gateway.settings import GatewaySettings
 
 pytestmark = pytest.mark.unit
+PROD = InfraSettings(env="prod", nats_user="gateway")
 
 
 def test_dev_key_is_refused_in_prod() -> None:
     dev = hashlib.sha256(b"sk-llmlab-dev").hexdigest()
     for spelled in (dev, dev.upper(), f" {dev} "):
         with pytest.raises(ValueError, match="dev API key"):
-            GatewaySettings(infra=InfraSettings(env="prod"), api_key_sha256=[spelled])
-    assert GatewaySettings(infra=InfraSettings(env="prod")).api_key_sha256 == []  # no dev key by default
+            GatewaySettings(infra=PROD, api_key_sha256=[spelled])
+    assert GatewaySettings(infra=PROD).api_key_sha256 == []  # no dev key by default
     assert GatewaySettings(infra=InfraSettings(env="dev")).api_key_sha256 == [dev]
     own = hashlib.sha256(b"sk-real-secret").hexdigest()
-    assert GatewaySettings(infra=InfraSettings(env="prod"), api_key_sha256=[own]).api_key_sha256 == [own]
+    assert GatewaySettings(infra=PROD, api_key_sha256=[own]).api_key_sha256 == [own]
 
 
 def test_a_process_started_without_llmlab_env_is_prod(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -26,6 +27,9 @@ def test_a_process_started_without_llmlab_env_is_prod(monkeypatch: pytest.Monkey
     that forgot LLMLAB_ENV accepted the documented dev keys and static auth)."""
     monkeypatch.delenv("LLMLAB_ENV", raising=False)
     assert InfraSettings().env == "prod"
+    with pytest.raises(ValueError, match="unauthenticated NATS"):
+        GatewaySettings()
+    monkeypatch.setenv("LLMLAB_NATS_USER", "gateway")
     with pytest.raises(ValueError, match="static"):
         GatewaySettings(auth="static")
 

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI
 from llmlab_common.jsprobe import JetStreamProbe, pending_by_pool, run_probe
 from llmlab_common.metrics import Metrics
-from llmlab_common.natsio import connect, ensure_streams
+from llmlab_common.natsio import connect_as, ensure_streams
 from llmlab_common.runtime import ServiceState, cancel_and_wait, ops_router
 from llmlab_common.subjects import Topology
 from llmlab_routing.config import CatalogHolder, watch_catalog
@@ -44,7 +44,7 @@ def create_app(settings: RouterSettings) -> FastAPI:
             live = LiveState()
             core = RouterCore(holder, live, dlog)
             topo = Topology(settings.infra.namespace)
-            nc = await connect(settings.infra.nats_url, "router")
+            nc = await connect_as(settings.infra, "router")
             stack.push_async_callback(nc.drain)
             js = nc.jetstream()
             await ensure_streams(js, topo)

@@ -1,0 +1,191 @@
+"""NATS as a trust boundary: one user per role, each allowed only the subjects its role uses.
+
+The one place the permissions are written: :func:`permissions` derives them from the subject
+contract (:class:`~llmlab_common.subjects.Topology`), and :func:`server_config` renders a
+nats-server configuration with them (``python -m llmlab_common.natsauth`` writes one).
+
+What the roles may do, and the forgeries that are refused because of it:
+
+- only ``budget`` receives ``budget.reserve`` and answers it (replies go only to the asker's
+  inbox, ``allow_responses``): nobody else can answer a reserve with a forged principal;
+- only ``worker`` publishes tokens and heartbeats: nobody injects text into a stream or
+  forges a worker; a worker is refused any other subject, so a request whose ``reply_subject``
+  names ``budget.reserve`` or an event subject cannot turn a worker into a forger either;
+- only ``gateway`` publishes requests, cancels and request events; attempt events come from
+  workers and gateways (a gateway reports the attempts it gave up on);
+- only ``budget`` and ``accounting`` read the events stream through their durable consumers;
+- stream updates, deletes and purges, and consumer deletes on the durable consumers, are
+  ``admin``'s alone.
+
+Each role's replies come to its own inbox prefix (``_INBOX_<role>``, set by
+:func:`llmlab_common.natsio.connect`), so a role cannot read another role's replies. Within a
+role, processes share permissions (a gateway can read another gateway's tokens): a per-process
+boundary needs one user per process (NKeys or JWTs), which this configuration does not make.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+from llmlab_common.subjects import Topology
+
+ROLES = ("gateway", "worker", "budget", "router", "accounting", "admin")
+JS = "$JS.API"
+
+
+def inbox_prefix(role: str) -> str:
+    """Where a role's request replies and pulled messages arrive."""
+    return f"_INBOX_{role}"
+
+
+def _js_common(topo: Topology) -> list[str]:
+    """JetStream API calls every service makes at start (llmlab_common.natsio.ensure_streams:
+    read the streams and create a missing one from the code's config; updates are admin's)."""
+    out = [f"{JS}.INFO"]
+    for stream in (topo.requests_stream, topo.events_stream):
+        out += [f"{JS}.STREAM.INFO.{stream}", f"{JS}.STREAM.CREATE.{stream}"]
+    return out
+
+
+def _consumer(stream: str, durable: str) -> list[str]:
+    """A durable pull consumer: create it, read its state, pull from it, ack its messages."""
+    return [
+        f"{JS}.CONSUMER.CREATE.{stream}.{durable}",
+        f"{JS}.CONSUMER.CREATE.{stream}.{durable}.>",
+        f"{JS}.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
+        f"{JS}.CONSUMER.INFO.{stream}.{durable}",
+        f"{JS}.CONSUMER.MSG.NEXT.{stream}.{durable}",
+        f"$JS.ACK.{stream}.{durable}.>",
+    ]
+
+
+def _ordered_events(topo: Topology) -> list[str]:
+    """An ordered (ephemeral, push) consumer on the events stream: the live feed of attempt events
+    the routing state learns from (llmlab_routing.feed)."""
+    s = topo.events_stream
+    return [f"{JS}.CONSUMER.CREATE.{s}", f"{JS}.CONSUMER.CREATE.{s}.>", f"{JS}.CONSUMER.DELETE.{s}.*", f"$JS.FC.{s}.>"]
+
+
+def permissions(topo: Topology) -> dict[str, dict[str, Any]]:
+    """Publish and subscribe allow-lists of every role, as nats-server's ``permissions`` blocks."""
+    ns = topo.namespace
+    req, evt = topo.requests_stream, topo.events_stream
+    perms: dict[str, dict[str, Any]] = {
+        "gateway": {
+            "publish": [
+                f"{ns}.req.>",  # attempts (JetStream: the stream answers the publish)
+                topo.attempt_event_subject,
+                topo.request_event_subject,
+                topo.cancel_subject,
+                topo.budget_reserve_subject,
+                topo.router_route_subject,
+                *_js_common(topo),
+                *_ordered_events(topo),
+            ],
+            "subscribe": [f"{ns}.tok.>", f"{ns}.ctl.alive.>", topo.heartbeat_wildcard],
+            "allow_responses": True,  # answers the workers' "still wanted?" probes
+        },
+        "worker": {
+            "publish": [
+                f"{ns}.tok.>",
+                topo.attempt_event_subject,
+                topo.dead_letter_subject,
+                f"{ns}.hb.>",
+                f"{ns}.ctl.alive.>",  # the probe (a request to the gateway)
+                *_js_common(topo),
+                # The pool consumer and the per-worker consumers, whatever their names.
+                f"{JS}.CONSUMER.CREATE.{req}.>",
+                f"{JS}.CONSUMER.DURABLE.CREATE.{req}.>",
+                f"{JS}.CONSUMER.INFO.{req}.>",
+                f"{JS}.CONSUMER.MSG.NEXT.{req}.>",
+                f"$JS.ACK.{req}.>",
+            ],
+            "subscribe": [topo.cancel_subject],
+        },
+        "budget": {
+            "publish": [topo.dead_letter_subject, *_js_common(topo), *_consumer(evt, topo.BUDGET_SETTLE_CONSUMER)],
+            "subscribe": [topo.budget_reserve_subject],
+            "allow_responses": True,
+        },
+        "router": {
+            "publish": [
+                *_js_common(topo),
+                *_ordered_events(topo),
+                f"{JS}.CONSUMER.LIST.{req}",  # the queue depth per pool
+                f"{JS}.CONSUMER.INFO.{req}.>",
+            ],
+            "subscribe": [topo.router_route_subject, topo.heartbeat_wildcard],
+            "allow_responses": True,
+        },
+        "accounting": {
+            "publish": [
+                topo.dead_letter_subject,
+                *_js_common(topo),
+                *_consumer(evt, topo.ACCOUNTING_CONSUMER),
+                f"{JS}.STREAM.MSG.GET.{evt}",  # recovery reads what a dead predecessor fetched
+                f"{JS}.CONSUMER.LIST.{evt}",  # the consumers' backlog gauges
+            ],
+            "subscribe": [topo.heartbeat_wildcard],
+        },
+        "admin": {"publish": [">"], "subscribe": [">"]},
+    }
+    for role, p in perms.items():
+        p["subscribe"] = [*p["subscribe"], f"{inbox_prefix(role)}.>"]
+    return perms
+
+
+def server_config(
+    topo: Topology, passwords: dict[str, str], *, port: int = 4222, store_dir: Path | None = None, host: str = ""
+) -> str:
+    """A nats-server configuration: JetStream on, and one user per role with its permissions and
+    password (plain text here: keep the file private, or replace each with a bcrypt hash from
+    ``nats server passwd``, which nats-server accepts in the same place)."""
+    users = []
+    for role, perm in permissions(topo).items():
+        block: dict[str, Any] = {
+            "publish": {"allow": perm["publish"]},
+            "subscribe": {"allow": perm["subscribe"]},
+        }
+        if perm.get("allow_responses"):
+            block["allow_responses"] = True
+        users.append({"user": role, "password": passwords[role], "permissions": block})
+    js = {"store_dir": str(store_dir)} if store_dir is not None else {}
+    lines = [f"port: {port}"]
+    if host:
+        lines.append(f"host: {json.dumps(host)}")
+    lines.append(f"jetstream: {json.dumps(js)}")
+    # JSON is valid nats-server configuration syntax.
+    lines.append("authorization: " + json.dumps({"users": users}, indent=2))
+    return "\n".join(lines) + "\n"
+
+
+def new_passwords() -> dict[str, str]:
+    return {role: secrets.token_urlsafe(24) for role in ROLES}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Write a nats-server configuration with one user per role.")
+    ap.add_argument("--namespace", default="llmlab")
+    ap.add_argument("--port", type=int, default=4222)
+    ap.add_argument("--store-dir", type=Path, default=None)
+    ap.add_argument("--out", type=Path, required=True, help="the server configuration to write")
+    ap.add_argument("--passwords", type=Path, required=True, help="where each role's password is written (JSON)")
+    args = ap.parse_args(argv)
+    passwords = new_passwords()
+    for path, text in (
+        (args.out, server_config(Topology(args.namespace), passwords, port=args.port, store_dir=args.store_dir)),
+        (args.passwords, json.dumps(passwords, indent=2) + "\n"),
+    ):
+        path.write_text(text)
+        path.chmod(0o600)
+    sys.stdout.write(f"{args.out} and {args.passwords} written (mode 600)\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
