@@ -47,8 +47,17 @@ def _js_common(topo: Topology) -> list[str]:
     """JetStream API calls every service makes at start (llmlab_common.natsio.ensure_streams:
     read the streams and create a missing one from the code's config; updates are admin's)."""
     out = [f"{JS}.INFO"]
-    for stream in (topo.requests_stream, topo.events_stream):
+    for stream in (topo.requests_stream, topo.events_stream, topo.dead_letter_stream):
         out += [f"{JS}.STREAM.INFO.{stream}", f"{JS}.STREAM.CREATE.{stream}"]
+    # ...and the events stream's two durable consumers when missing (interest retention keeps
+    # nothing for a consumer that does not exist, so whoever publishes first makes them).
+    for durable in (topo.BUDGET_SETTLE_CONSUMER, topo.ACCOUNTING_CONSUMER):
+        out += [
+            f"{JS}.CONSUMER.INFO.{topo.events_stream}.{durable}",
+            f"{JS}.CONSUMER.CREATE.{topo.events_stream}.{durable}",
+            f"{JS}.CONSUMER.CREATE.{topo.events_stream}.{durable}.>",
+            f"{JS}.CONSUMER.DURABLE.CREATE.{topo.events_stream}.{durable}",
+        ]
     return out
 
 

@@ -10,7 +10,15 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from nats.errors import SlowConsumerError
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.errors import BadRequestError, NotFoundError
 
 from llmlab_common.metrics import Metrics
@@ -22,6 +30,13 @@ log = logging.getLogger(__name__)
 
 REQUESTS_MAX_AGE_S = 3600.0  # garbage bound only: deadlines make old requests worthless long before
 EVENTS_MAX_AGE_S = 7 * 24 * 3600.0  # consumers (budget, accounting) must catch up within a week
+# The events stream's size is the consumer outage it rides out: an attempt and its request make
+# ~1.5 KB of events, so 1 GiB holds ~700k requests: 2 hours at 100 requests/s, 12 minutes at
+# 1,000. Past it new events are refused (and the publishers count it), never old ones dropped.
+# Size it as peak requests/s x 1.5 KB x the outage to ride out (LLMLAB_EVENTS_MAX_BYTES).
+EVENTS_MAX_BYTES = 1024**3
+DEAD_LETTERS_MAX_AGE_S = 30 * 24 * 3600.0
+DEAD_LETTERS_MAX_BYTES = 256 * 1024**2
 DUPLICATE_WINDOW_S = 120.0
 # nats-py's outgoing buffer (its ``pending_size``): while connected, a publish that fills it flushes
 # at once (backpressure on the publisher); while reconnecting, publishes beyond it fail with
@@ -99,7 +114,7 @@ async def connect_as(infra: InfraSettings, name: str, metrics: Metrics | None = 
     )
 
 
-def stream_configs(topo: Topology) -> list[StreamConfig]:
+def stream_configs(topo: Topology, events_max_bytes: int = EVENTS_MAX_BYTES) -> list[StreamConfig]:
     return [
         StreamConfig(
             name=topo.requests_stream,
@@ -110,26 +125,65 @@ def stream_configs(topo: Topology) -> list[StreamConfig]:
             duplicate_window=DUPLICATE_WINDOW_S,
             discard=DiscardPolicy.OLD,
         ),
+        # Billing events are kept until both durable consumers (budget-settle, accounting) have
+        # acked them (interest retention), never dropped to make room: a full stream refuses new
+        # events (discard new), so the publisher sees the failure (retries, counts it) instead of
+        # an unread event vanishing. Its size is the tolerated consumer outage: see
+        # EVENTS_MAX_BYTES. The durables exist from the stream's creation (ensure_streams):
+        # interest retention keeps nothing for a consumer that does not exist yet.
         StreamConfig(
             name=topo.events_stream,
             subjects=[topo.events_wildcard],
-            retention=RetentionPolicy.LIMITS,
+            retention=RetentionPolicy.INTEREST,
             storage=StorageType.FILE,
             max_age=EVENTS_MAX_AGE_S,
-            max_bytes=1024**3,
+            max_bytes=events_max_bytes,
             duplicate_window=DUPLICATE_WINDOW_S,
+            discard=DiscardPolicy.NEW,
+        ),
+        # Messages no service could use, kept for a person to read (not billing data: the oldest
+        # go first when it is full).
+        StreamConfig(
+            name=topo.dead_letter_stream,
+            subjects=[topo.dead_letter_subject],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=DEAD_LETTERS_MAX_AGE_S,
+            max_bytes=DEAD_LETTERS_MAX_BYTES,
+            duplicate_window=DUPLICATE_WINDOW_S,  # the server's default, stated: ensure_streams compares it
             discard=DiscardPolicy.OLD,
         ),
     ]
 
 
+def event_consumer_config(topo: Topology, durable: str, **overrides: Any) -> ConsumerConfig:
+    """The contract of a durable consumer of the events stream (budget-settle, accounting): what
+    ensure_streams creates with the stream and what the service then creates again with its own
+    ack wait, redelivery and pending bounds (the fields a consumer may change)."""
+    base: dict[str, Any] = {
+        "durable_name": durable,
+        "filter_subject": topo.events_wildcard,
+        "deliver_policy": DeliverPolicy.ALL,
+    }
+    if durable == topo.ACCOUNTING_CONSUMER:
+        # Ack-all: one ack per batch (the accounting transport says why that is safe).
+        base |= {"ack_policy": AckPolicy.ALL, "max_waiting": 16}
+    elif durable == topo.BUDGET_SETTLE_CONSUMER:
+        base |= {"ack_policy": AckPolicy.EXPLICIT, "max_ack_pending": -1}
+    else:
+        raise ValueError(f"{durable} is not a durable consumer of the events stream")
+    return ConsumerConfig(**(base | overrides))
+
+
 _COMPARED = ("subjects", "retention", "storage", "max_age", "max_bytes", "duplicate_window", "discard")
 
 
-async def ensure_streams(js: JetStreamContext, topo: Topology) -> None:
-    """Create the streams, or bring them to this config; safe to call from every service.
-    An up-to-date stream is left alone (no update on every start)."""
-    for cfg in stream_configs(topo):
+async def ensure_streams(js: JetStreamContext, topo: Topology, events_max_bytes: int = EVENTS_MAX_BYTES) -> None:
+    """Create the streams, or bring them to this config, and the events stream's durable
+    consumers when missing; safe to call from every service. An up-to-date stream is left alone
+    (no update on every start). JetStream cannot change a stream's retention: a stream made by an
+    older version keeps it (logged) until an admin deletes it."""
+    for cfg in stream_configs(topo, events_max_bytes):
         try:
             info = await js.stream_info(cfg.name or "")
         except NotFoundError:
@@ -149,6 +203,12 @@ async def ensure_streams(js: JetStreamContext, topo: Topology) -> None:
                 # With role users (llmlab_common.natsauth) only admin may update a stream: a
                 # service goes on with the stream as it is and says what an admin should do.
                 log.error("stream %s could not be updated (%s): update it with the admin user", cfg.name, exc)
+    for durable in (topo.BUDGET_SETTLE_CONSUMER, topo.ACCOUNTING_CONSUMER):
+        try:
+            await js.consumer_info(topo.events_stream, durable)
+        except NotFoundError:
+            with contextlib.suppress(BadRequestError):  # another service created it first
+                await js.add_consumer(topo.events_stream, event_consumer_config(topo, durable))
 
 
 async def delete_streams(js: JetStreamContext, topo: Topology) -> None:

@@ -43,6 +43,9 @@ class InfraSettings(BaseSettings):
     # unauthenticated connection, which a service refuses in prod.
     nats_user: str = ""
     nats_password: SecretStr = SecretStr("")
+    # The events stream's byte limit: the consumer outage it rides out (peak requests/s x ~1.5 KB
+    # x the outage; llmlab_common.natsio.EVENTS_MAX_BYTES says more). Full: new events refused.
+    events_max_bytes: int = Field(default=1024**3, ge=1024**2)
 
     @field_validator("namespace")
     @classmethod

@@ -14,10 +14,12 @@ Layout (``<ns>`` is :attr:`InfraSettings.namespace`):
 * ``<ns>.ctl.cancel``                 core NATS broadcast: stop an attempt wherever it is.
 * ``<ns>.ctl.alive.<gateway_id>``     request/reply: "is this attempt still wanted?" (redeliveries).
 * ``<ns>.hb.<pool>.<worker_id>``      core NATS worker heartbeats with engine load.
-* ``<NS>_EVENTS`` limits-retention stream over ``<ns>.evt.>`` (every durable consumer reads all):
+* ``<NS>_EVENTS`` interest-retention stream over ``<ns>.evt.>`` (kept until both durable
+  consumers, budget-settle and accounting, have acked; full: new events refused):
   - ``<ns>.evt.attempt``  one per attempt (usage, timings, outcome)
   - ``<ns>.evt.request``  one per refused or failed request
-  - ``<ns>.evt.deadletter`` messages no service could parse (kept for inspection, never retried)
+* ``<NS>_DEADLETTERS`` over ``<ns>.dlq``: messages no service could use (kept for inspection,
+  never retried)
 * ``<ns>.budget.reserve``             request/reply gateway → budget (queue group ``budget``):
   authenticate + reserve, before routing. Settlement reads ``<NS>_EVENTS`` through the durable
   consumer ``budget-settle`` shared by every budget replica.
@@ -146,7 +148,11 @@ class Topology:
 
     @property
     def dead_letter_subject(self) -> str:
-        return f"{self.namespace}.evt.deadletter"
+        return f"{self.namespace}.dlq"
+
+    @property
+    def dead_letter_stream(self) -> str:
+        return f"{self.namespace.upper()}_DEADLETTERS"
 
     # -- budget ------------------------------------------------------------------------------
     @property

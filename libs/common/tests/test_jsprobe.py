@@ -68,14 +68,14 @@ async def test_probe_reads_the_events_stream_size_and_its_durable_consumers_only
     try:
         for i in range(4):
             await js.publish(topo.attempt_event_subject, f'{{"n": {i}}}'.encode())
-        await js.add_consumer(topo.events_stream, _durable(topo.ACCOUNTING_CONSUMER, topo.events_wildcard))
+        # The two durables come with the stream (ensure_streams).
         ephemeral = await js.pull_subscribe(topo.events_wildcard, stream=topo.events_stream)
         probe = JetStreamProbe(js, topo.events_stream)
         stream = await probe.stream_load()
         assert stream.messages == 4 and stream.bytes > 0 and stream.max_bytes == 1024**3
         loads = await probe.consumers()
-        assert len(loads) == 2  # the durable one and the ephemeral one
-        assert pending_by_durable(loads) == {topo.ACCOUNTING_CONSUMER: 4}
+        assert len(loads) == 3  # the two durable ones and the ephemeral one
+        assert pending_by_durable(loads) == {topo.ACCOUNTING_CONSUMER: 4, topo.BUDGET_SETTLE_CONSUMER: 4}
         await ephemeral.unsubscribe()
     finally:
         await delete_streams(js, topo)

@@ -44,3 +44,50 @@ async def test_a_slow_consumer_drop_is_counted() -> None:
     finally:
         await nc.close()
         await pub.close()
+
+
+async def test_billing_events_wait_for_both_consumers_and_a_full_stream_refuses_new_ones() -> None:
+    """Catches: the events stream dropping unread billing events (dd4f538: limits retention,
+    discard old, so a lagging budget or accounting consumer silently lost the oldest), events
+    published before the consumers existed being lost, and dead letters taking billing space."""
+    from llmlab_common.natsio import delete_streams, ensure_streams
+    from llmlab_common.subjects import Topology
+    from nats.js.errors import APIError
+
+    topo = Topology(unique_namespace())
+    nc = await connect(NATS_URL, "events-stream-test")
+    js = nc.jetstream()
+    try:
+        await ensure_streams(js, topo, events_max_bytes=1024**2)  # 1 MiB: the smallest allowed
+        # Both durables exist before any service started: an event published now waits for them.
+        consumers = {c.name for c in await js.consumers_info(topo.events_stream)}
+        assert consumers == {topo.BUDGET_SETTLE_CONSUMER, topo.ACCOUNTING_CONSUMER}, consumers
+        first = await js.publish(topo.attempt_event_subject, b'{"first": true}')
+        await js.publish(topo.dead_letter_subject, b"x" * 100_000)  # its own stream
+        assert (await js.stream_info(topo.events_stream)).state.messages == 1
+        assert (await js.stream_info(topo.dead_letter_stream)).state.messages == 1
+        # Fill it: past 1 MiB the publisher is refused, and the first event is still there.
+        refused = 0
+        for i in range(40):
+            try:
+                await js.publish(topo.attempt_event_subject, b"e" * 50_000 + str(i).encode())
+            except APIError:
+                refused += 1
+        assert refused > 0, "a full events stream accepted every event (it must refuse new ones)"
+        assert (await js.get_msg(topo.events_stream, first.seq)).data == b'{"first": true}'
+        held = (await js.stream_info(topo.events_stream)).state.messages
+
+        async def ack_first(durable: str) -> None:
+            sub = await js.pull_subscribe_bind(durable=durable, stream=topo.events_stream)
+            (msg,) = await sub.fetch(1, timeout=5)
+            assert msg.data == b'{"first": true}'
+            await msg.ack_sync()
+
+        # Acked by one of the two consumers: kept; by both: gone.
+        await ack_first(topo.BUDGET_SETTLE_CONSUMER)
+        assert (await js.stream_info(topo.events_stream)).state.messages == held
+        await ack_first(topo.ACCOUNTING_CONSUMER)
+        assert (await js.stream_info(topo.events_stream)).state.messages == held - 1
+    finally:
+        await delete_streams(js, topo)
+        await nc.close()

@@ -224,7 +224,7 @@ class Worker:
         await self.adapter.start()
         self.nc = await connect_as(s.infra, f"worker-{s.worker_id}", metrics=self.metrics)
         self.js = self.nc.jetstream()
-        await ensure_streams(self.js, self.topo)
+        await ensure_streams(self.js, self.topo, s.infra.events_max_bytes)
         common: dict[str, Any] = {
             "ack_policy": AckPolicy.EXPLICIT,
             "ack_wait": s.ack_wait_s,

@@ -50,7 +50,7 @@ def create_app(settings: AccountingSettings) -> FastAPI:
             nc = await connect_as(settings.infra, "accounting")
             stack.push_async_callback(nc.drain)
             js = nc.jetstream()
-            await ensure_streams(js, topo)
+            await ensure_streams(js, topo, settings.infra.events_max_bytes)
             decoder = Decoder(catalog, settings.infra.catalog_path, settings.decode_processes)
             stack.callback(decoder.close)
             transport = AccountingTransport(nc, js, topo, service, settings, decoder)

@@ -42,7 +42,7 @@ class AccountingMetrics:
         # The events stream (JetStream stream info) and its durable consumers' backlogs.
         self.stream_bytes = m.gauge("accounting_events_stream_bytes", "Bytes held by the events stream")
         self.stream_max_bytes = m.gauge(
-            "accounting_events_stream_max_bytes", "The events stream's byte limit (oldest events go beyond it)"
+            "accounting_events_stream_max_bytes", "The events stream's byte limit (past it new events are refused)"
         )
         self.stream_messages = m.gauge("accounting_events_stream_messages", "Events held by the events stream")
         self.consumer_pending = m.gauge(

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmlab_common.messages import Heartbeat
+from llmlab_common.natsio import event_consumer_config
 from llmlab_common.pull import BatchPuller
 from llmlab_common.subjects import Topology
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
+from nats.js.api import ConsumerInfo
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
@@ -93,19 +94,17 @@ class AccountingTransport:
 
     async def start(self) -> None:
         s = self.settings
-        config = ConsumerConfig(
-            durable_name=self.topo.ACCOUNTING_CONSUMER,
-            filter_subject=self.topo.events_wildcard,
-            # Ack-all: one ack per batch (the ack of its highest sequence) instead of one per event,
-            # which halves the NATS work per event at ingest rate. Safe because batches are inserted
-            # in order, one at a time, and because what a dead predecessor had fetched but not
-            # acked is re-read below before this process acks anything.
-            ack_policy=AckPolicy.ALL,
+        # The contract's consumer (ensure_streams made it with the stream: interest retention
+        # keeps every event from then on for it). Ack-all: one ack per batch (the ack of its
+        # highest sequence) instead of one per event, which halves the NATS work per event at
+        # ingest rate. Safe because batches are inserted in order, one at a time, and because
+        # what a dead predecessor had fetched but not acked is re-read below before this process
+        # acks anything.
+        config = event_consumer_config(
+            self.topo,
+            self.topo.ACCOUNTING_CONSUMER,
             ack_wait=s.ack_wait_s,
-            # Accounting wants the whole retained history (7 days) on first start.
-            deliver_policy=DeliverPolicy.ALL,
             max_ack_pending=max((PIPELINE_BATCHES + 2) * s.batch_rows, 10_000),
-            max_waiting=16,
         )
         try:
             before: ConsumerInfo | None = await self.js.consumer_info(

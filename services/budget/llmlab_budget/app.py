@@ -61,7 +61,7 @@ def create_app(settings: BudgetSettings) -> FastAPI:
             nc = await connect_as(settings.infra, "budget")
             stack.push_async_callback(nc.drain)
             js = nc.jetstream()
-            await ensure_streams(js, topo)
+            await ensure_streams(js, topo, settings.infra.events_max_bytes)
             transport = BudgetTransport(nc, js, topo, service, settings)
             await transport.start()
             stack.push_async_callback(transport.stop)

@@ -10,13 +10,13 @@ import logging
 from llmlab_common.codes import Code
 from llmlab_common.errors import InvalidRequest, RateLimited, ServiceUnavailable
 from llmlab_common.messages import AttemptEvent, RequestEvent, ReserveReply, ReserveRequest
+from llmlab_common.natsio import event_consumer_config
 from llmlab_common.pull import BatchPuller
 from llmlab_common.subjects import Topology
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
 
 from llmlab_budget.service import BudgetService
@@ -44,17 +44,15 @@ class BudgetTransport:
     async def start(self) -> None:
         # Settlement first: events of requests reserved from now on must find the consumer there.
         s = self.settings
+        # The contract's consumer (ensure_streams made it with the stream, so no event published
+        # before this process started is missed), with this service's ack wait and redelivery.
         await self.js.add_consumer(
             self.topo.events_stream,
-            ConsumerConfig(
-                durable_name=self.topo.BUDGET_SETTLE_CONSUMER,
-                filter_subject=self.topo.events_wildcard,
-                ack_policy=AckPolicy.EXPLICIT,
+            event_consumer_config(
+                self.topo,
+                self.topo.BUDGET_SETTLE_CONSUMER,
                 ack_wait=s.settle_ack_wait_s,
                 max_deliver=s.settle_max_deliver,
-                # A new consumer starts at the present: no reservation can predate it.
-                deliver_policy=DeliverPolicy.NEW,
-                max_ack_pending=-1,
             ),
         )
         puller = self._puller = BatchPuller(self.nc, self.topo.events_stream, self.topo.BUDGET_SETTLE_CONSUMER)

@@ -52,7 +52,7 @@ def create_app(settings: GatewaySettings) -> RawSendApp:
             nc = await connect_as(settings.infra, f"gateway-{settings.gateway_id}", metrics=metrics)
             stack.push_async_callback(_drain, nc)
             js = nc.jetstream()
-            await ensure_streams(js, topo)
+            await ensure_streams(js, topo, settings.infra.events_max_bytes)
             # One worker registry: heartbeats decide both liveness (here) and routing (the core).
             live = LiveState()
             dispatcher = NatsDispatcher(

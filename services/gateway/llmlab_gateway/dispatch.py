@@ -129,6 +129,10 @@ class NatsDispatcher:
         self._queued_children: dict[tuple[str, int], Any] = {}
         # The attempt table's size, set by the sweeper: it must come back to 0 when traffic stops
         # (an entry left behind by a refused request was a leak, and the sweeper walks them all).
+        self._event_failures = metrics.counter(
+            "gateway_event_publish_failures_total",
+            "Attempt and request events JetStream did not confirm (a full events stream, NATS down)",
+        )
         self._table_size = metrics.gauge(
             "gateway_dispatch_table_entries", "Requests with an attempt this gateway dispatched and has not released"
         )
@@ -238,6 +242,8 @@ class NatsDispatcher:
                 subject, event.model_dump_json(exclude_none=True).encode(), headers={"Nats-Msg-Id": msg_id}, timeout=5
             )
         except Exception:
+            # A full events stream refuses new events (discard new): counted, never silent.
+            self._event_failures.inc()
             log.exception("could not publish event", extra={"request_id": event.request_id})
 
     async def _on_token(self, msg: Msg) -> None:

@@ -47,7 +47,7 @@ def create_app(settings: RouterSettings) -> FastAPI:
             nc = await connect_as(settings.infra, "router")
             stack.push_async_callback(nc.drain)
             js = nc.jetstream()
-            await ensure_streams(js, topo)
+            await ensure_streams(js, topo, settings.infra.events_max_bytes)
             feed = LiveFeed(nc, js, topo, live)
             await feed.start()
             stack.push_async_callback(feed.stop)
