@@ -19,7 +19,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NotFoundError
 
 from llmlab_common.metrics import Metrics
 from llmlab_common.natsauth import inbox_prefix
@@ -173,6 +173,18 @@ def event_consumer_config(topo: Topology, durable: str, **overrides: Any) -> Con
     else:
         raise ValueError(f"{durable} is not a durable consumer of the events stream")
     return ConsumerConfig(**(base | overrides))
+
+
+async def ensure_consumer(js: JetStreamContext, stream: str, config: ConsumerConfig) -> None:
+    """Create (or update) a durable consumer. One made by an older version with a setting
+    JetStream cannot change (its ack or deliver policy) is kept as it is, with an error logged:
+    the service runs on it rather than not starting; delete it as admin to take the new one."""
+    try:
+        await js.add_consumer(stream, config)
+    except APIError as exc:
+        if "can not be updated" not in str(exc.description):
+            raise
+        log.error("consumer %s on %s kept as it is (%s)", config.durable_name, stream, exc.description)
 
 
 _COMPARED = ("subjects", "retention", "storage", "max_age", "max_bytes", "duplicate_window", "discard")

@@ -91,3 +91,32 @@ async def test_billing_events_wait_for_both_consumers_and_a_full_stream_refuses_
     finally:
         await delete_streams(js, topo)
         await nc.close()
+
+
+async def test_a_consumer_made_by_an_older_version_is_kept_not_fatal() -> None:
+    """Catches: a service that will not start because its durable consumer was made by an older
+    version with a deliver policy JetStream cannot change (budget-settle used DeliverPolicy.NEW)."""
+    from llmlab_common.natsio import delete_streams, ensure_consumer, ensure_streams, event_consumer_config
+    from llmlab_common.subjects import Topology
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    topo = Topology(unique_namespace())
+    nc = await connect(NATS_URL, "consumer-upgrade-test")
+    js = nc.jetstream()
+    try:
+        await ensure_streams(js, topo)
+        await js.delete_consumer(topo.events_stream, topo.BUDGET_SETTLE_CONSUMER)
+        old = ConsumerConfig(
+            durable_name=topo.BUDGET_SETTLE_CONSUMER,
+            filter_subject=topo.events_wildcard,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.NEW,
+        )
+        await js.add_consumer(topo.events_stream, old)
+        cfg = event_consumer_config(topo, topo.BUDGET_SETTLE_CONSUMER, ack_wait=30.0)
+        await ensure_consumer(js, topo.events_stream, cfg)  # no exception: kept as it is
+        info = await js.consumer_info(topo.events_stream, topo.BUDGET_SETTLE_CONSUMER)
+        assert info.config.deliver_policy == DeliverPolicy.NEW
+    finally:
+        await delete_streams(js, topo)
+        await nc.close()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmlab_common.messages import Heartbeat
-from llmlab_common.natsio import event_consumer_config
+from llmlab_common.natsio import ensure_consumer, event_consumer_config
 from llmlab_common.pull import BatchPuller
 from llmlab_common.subjects import Topology
 from nats.aio.client import Client as NATS
@@ -112,7 +112,7 @@ class AccountingTransport:
             )
         except NotFoundError:
             before = None
-        await self.js.add_consumer(self.topo.events_stream, config)  # idempotent for the same config
+        await ensure_consumer(self.js, self.topo.events_stream, config)  # idempotent for the same config
         if before is not None and before.num_ack_pending and before.ack_floor and before.delivered:
             await self._recover(before.ack_floor.stream_seq + 1, before.delivered.stream_seq)
         self._puller = BatchPuller(self.nc, self.topo.events_stream, self.topo.ACCOUNTING_CONSUMER)

@@ -10,7 +10,7 @@ import logging
 from llmlab_common.codes import Code
 from llmlab_common.errors import InvalidRequest, RateLimited, ServiceUnavailable
 from llmlab_common.messages import AttemptEvent, RequestEvent, ReserveReply, ReserveRequest
-from llmlab_common.natsio import event_consumer_config
+from llmlab_common.natsio import ensure_consumer, event_consumer_config
 from llmlab_common.pull import BatchPuller
 from llmlab_common.subjects import Topology
 from nats.aio.client import Client as NATS
@@ -46,7 +46,8 @@ class BudgetTransport:
         s = self.settings
         # The contract's consumer (ensure_streams made it with the stream, so no event published
         # before this process started is missed), with this service's ack wait and redelivery.
-        await self.js.add_consumer(
+        await ensure_consumer(
+            self.js,
             self.topo.events_stream,
             event_consumer_config(
                 self.topo,
