@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from llmlab_common import rules
 from llmlab_common.settings import ServiceSettings
 from pydantic import Field, model_validator
@@ -49,4 +51,10 @@ class BudgetSettings(ServiceSettings):
     @model_validator(mode="after")
     def _no_dev_admin_key_in_prod(self) -> BudgetSettings:
         self.refuse_default_secret("LLMLAB_BUDGET_ADMIN_KEY_SHA256", self.admin_key_sha256, DEV_ADMIN_KEY_SHA256)
+        # Redis holds the keys and the ledgers: whoever reaches an open one edits budgets.
+        if self.infra.env == "prod" and not urlsplit(self.infra.redis_url).password:
+            raise ValueError(
+                "LLMLAB_REDIS_URL has no password: prod refuses an unauthenticated Redis "
+                "(redis://:<password>@host:6379/0, with requirepass or an ACL user on the server)"
+            )
         return self

@@ -97,12 +97,20 @@ async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -
         ctx.auth_s = time.perf_counter() - t_admit
         ctx.parse_s = parse_s
         opened = await service.open(ctx)
-    except LLMLabError as err:
+    except Exception as exc:
+        if isinstance(exc, LLMLabError):
+            err = exc
+            log.info("refused %s: %d %s", endpoint, err.status, err.message)
+        else:
+            # A bug, not a refusal: still one request event (the budget settles the reservation
+            # by it instead of holding it until the reaper) and OpenAI's 500 shape, with no
+            # internal detail for the client (the log has it, under the request id).
+            log.exception("unexpected error serving %s", endpoint)
+            err = LLMLabError("The server had an error while processing your request.")
         if ctx is not None:
             gm.admitted(ctx.auth_s, ctx.route_s)
         catalog = gw.holder.current.catalog
         gm.request(endpoint, model_label(catalog, model), plan_label(catalog, principal), err.status, code_label(err))
-        log.info("refused %s: %d %s", endpoint, err.status, err.message)
         service.record_failure(request_id, err, created_at, model, principal)
         return error_response(err, request_id)
     gm.admitted(ctx.auth_s, ctx.route_s)

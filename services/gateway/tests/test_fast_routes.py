@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ from llmlab_gateway.settings import GatewaySettings
 from llmlab_gateway.sse import RawSendApp
 
 pytestmark = pytest.mark.unit
+CATALOG = Path(__file__).resolve().parents[3] / "configs" / "catalog.yaml"
 
 
 def test_fast_routes_are_the_completion_routes_of_the_app() -> None:
@@ -45,3 +47,46 @@ async def test_a_fast_route_answers_its_own_way_and_anything_unexpected_in_opena
         assert r.headers["x-request-id"]
         r = await c.get("/ok")  # not a fast route: FastAPI's own 404
         assert r.status_code == 404
+
+
+async def test_an_unexpected_error_before_the_answer_is_a_500_with_its_request_event() -> None:
+    """Catches: an exception outside the project's error types escaping handle_completion
+    (dd4f538): a bare 500 with no request event, so the budget held the request's reservation
+    until the reaper; and internal detail (a host or worker name) reaching the client."""
+    from llmlab_common.messages import Principal
+    from llmlab_common.metrics import Metrics
+    from llmlab_gateway.auth import Admission
+    from llmlab_gateway.deps import Gateway
+    from llmlab_gateway.metrics import GatewayMetrics
+    from llmlab_gateway.relay import handle_completion
+    from llmlab_routing.config import CatalogHolder
+
+    failures: list[tuple[str, object]] = []
+
+    class Service:
+        async def open(self, ctx: object) -> object:
+            raise RuntimeError("pool gpu-vllm: worker-7.internal:8091 refused")
+
+        def record_failure(self, request_id: str, err: object, *_: object) -> None:
+            failures.append((request_id, err))
+
+    class Admitter:
+        async def admit(self, api_key: str, req: object) -> Admission:
+            return Admission(principal=Principal(key_id="k", plan="pro"), max_tokens=8)
+
+    holder = CatalogHolder(CATALOG)
+    gw = Gateway(GatewaySettings(), holder, Admitter(), Service(), GatewayMetrics(Metrics("t")))  # type: ignore[arg-type]
+    app = RawSendApp()
+
+    async def chat(request: Request) -> Response:
+        return await handle_completion(request, gw, "chat")
+
+    app.fast_routes = {"/v1/chat/completions": chat}
+    app.unexpected = functools.partial(unexpected_error, "gateway", request_ids=True)  # as create_app does
+    body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "messages": [{"role": "user", "content": "hi"}]}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        r = await c.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-x"})
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error", r.text
+    assert "worker-7" not in r.text and "internal:8091" not in r.text
+    assert [rid for rid, _ in failures] == [r.headers["x-request-id"]]
+    assert getattr(failures[0][1], "status", None) == 500
