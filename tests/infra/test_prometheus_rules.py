@@ -57,6 +57,7 @@ ALERTS = {
     "LLMLabBudgetSettlementLag",
     "LLMLabAccountingLag",
     "LLMLabDeadLetters",
+    "LLMLabChargesLost",
     "LLMLabPoolNoReadyWorker",
     "LLMLabEventStreamNearFull",
     "LLMLabGPUMemoryNearFull",

@@ -16,7 +16,8 @@ class BudgetMetrics:
         self.charged_tokens = m.counter("budget_charged_tokens_total", "Tokens charged at settlement")
         self.settlements = m.counter(
             "budget_settlements_total",
-            "Settlement events by result (settled, released, dup = already closed, missing = no reservation)",
+            "Settlement events by result (settled, released, late = settled after its release, dup = already "
+            "closed, missing = no reservation)",
             ("result",),
         )
         self.settle_lag = m.histogram("budget_settlement_lag_seconds", "Request end (event time) to settled in Redis")
@@ -36,6 +37,10 @@ class BudgetMetrics:
         )
         self.reaped = m.counter("budget_reaped_reservations_total", "Reservations released by the reaper")
         self.settle_errors = m.counter("budget_settle_errors_total", "Events that failed to settle (retried)")
+        self.settle_dead_letters = m.counter(
+            "budget_settle_dead_letters_total",
+            "Events that failed to settle on every delivery, dead-lettered (their charge is not applied)",
+        )
         self.unknown_key_cache_hits = m.counter(
             "budget_unknown_key_cache_hits_total", "Unknown API keys answered from memory (no Redis round trip)"
         )

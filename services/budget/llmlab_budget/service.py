@@ -260,6 +260,8 @@ class BudgetService:
     ) -> Closed:
         closed = await self.ledger.close(request_id, state, input_tokens=inp, output_tokens=out, now=self.clock())
         self.m.settlements.labels(closed.status if closed.status != "ok" else state).inc()
+        if closed.status == "late":  # settled after its release: charged, nothing reserved
+            self.m.charged_tokens.inc(closed.charged)
         if closed.status == "ok":
             self.m.settle_lag.observe(max(0.0, time.time() - ended_at))
             self.m.charged_tokens.inc(closed.charged)

@@ -126,10 +126,12 @@ class BudgetTransport:
     async def _settle(self, msg: Msg) -> None:
         subject = msg.subject
         try:
-            if subject == self.topo.attempt_event_subject:
-                await self.service.settle_attempt(AttemptEvent.model_validate_json(msg.data))
-            elif subject == self.topo.request_event_subject:
-                await self.service.settle_request(RequestEvent.model_validate_json(msg.data))
+            # Settles share the Redis slots with reserves: a batch of them cannot take the pool.
+            async with self._redis_slots:
+                if subject == self.topo.attempt_event_subject:
+                    await self.service.settle_attempt(AttemptEvent.model_validate_json(msg.data))
+                elif subject == self.topo.request_event_subject:
+                    await self.service.settle_request(RequestEvent.model_validate_json(msg.data))
         except ValidationError as exc:
             # Not ours to retry: keep it for inspection. The reaper releases its reservation.
             log.error("malformed event on %s dead-lettered: %s", subject, str(exc)[:300])
@@ -137,12 +139,30 @@ class BudgetTransport:
                 await self.js.publish(
                     self.topo.dead_letter_subject, msg.data, headers={"Llmlab-Reason": str(exc)[:200]}
                 )
-        except Exception:
+        except Exception as exc:
             self.service.m.settle_errors.inc()
+            if msg.metadata.num_delivered >= self.settings.settle_max_deliver:
+                # JetStream's last delivery: never drop a charge silently. Dead-letter it with why
+                # (to be replayed once the cause is fixed) and count it (an alert fires).
+                await self._give_up(msg, exc)
+                return
             log.exception("settlement failed; event will be redelivered")
             with contextlib.suppress(Exception):
                 await msg.nak(delay=1.0)
             return
+        with contextlib.suppress(Exception):
+            await msg.ack()
+
+    async def _give_up(self, msg: Msg, exc: Exception) -> None:
+        why = f"settlement failed {msg.metadata.num_delivered} times: {exc}"[:200]
+        try:
+            await self.js.publish(self.topo.dead_letter_subject, msg.data, headers={"Llmlab-Reason": why})
+        except Exception:
+            # Unacked, it stays in the events stream (interest retention) for an admin to find.
+            log.critical("an event that could not be settled could not be dead-lettered either: %s", why)
+            return
+        self.service.m.settle_dead_letters.inc()
+        log.error("event dead-lettered: %s", why)
         with contextlib.suppress(Exception):
             await msg.ack()
 

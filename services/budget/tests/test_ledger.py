@@ -177,7 +177,29 @@ async def test_reaper_releases_expired(redis_layout):
     assert await ledger.reap(NOW + 30) == []
     assert await ledger.reap(NOW + 61) == ["r1"]
     assert await day_used(redis, layout) == {"reserved": 0, "used": 0}
-    assert (await ledger.close("r1", "settled", input_tokens=5, output_tokens=5, now=NOW)).status == "dup"
+
+
+async def test_a_settle_after_the_release_still_charges_once(redis_layout):
+    """Catches: a charge lost because its event came late (dd4f538: a settle after the reaper
+    released the reservation, or after the request's failure event closed it first, charged
+    nothing), and a late charge applied twice."""
+    redis, layout = redis_layout
+    ledger = await setup(redis, layout)
+    await reserve(ledger, "r1", limits(daily_tokens=10_000))
+    assert await ledger.reap(NOW + 61) == ["r1"]
+    late = await ledger.close("r1", "settled", input_tokens=5, output_tokens=7, now=NOW + 70)
+    assert (late.status, late.charged) == ("late", 12)
+    assert await day_used(redis, layout) == {"reserved": 0, "used": 12}
+    assert (await ledger.close("r1", "settled", input_tokens=5, output_tokens=7, now=NOW + 71)).status == "dup"
+    assert await day_used(redis, layout) == {"reserved": 0, "used": 12}
+    # Order does not decide the bill: the failure event first, then the attempt's charge.
+    await reserve(ledger, "r2", limits(daily_tokens=10_000))
+    assert (await ledger.close("r2", "released", now=NOW)).status == "ok"
+    assert (await ledger.close("r2", "settled", input_tokens=3, output_tokens=4, now=NOW)).status == "late"
+    assert await day_used(redis, layout) == {"reserved": 0, "used": 19}
+    # A release after the charge changes nothing.
+    assert (await ledger.close("r2", "released", now=NOW)).status == "dup"
+    assert await day_used(redis, layout) == {"reserved": 0, "used": 19}
 
 
 async def test_revoked_and_unknown_key(redis_layout):

@@ -1,12 +1,11 @@
 -- Shared by settle.lua and reap.lua (prepended by ledger.py): close one reservation.
 -- Charges `charge_in` + `charge_out` tokens (both 0 for a release) to every scope the
 -- reservation holds, releases the rest, frees its concurrency slot. Idempotent: a reservation
--- that is no longer 'reserved' is left alone. Returns {status, charged, reserved_total}.
+-- already settled is left alone ('dup'); a released one still takes a settle's charge once
+-- ('late'). Returns {status, charged, reserved_total}.
 local function close_reservation(res, expiry, rid, state, charge_in, charge_out, now, settled_ttl)
   local r = redis.call('HMGET', res, 'state', 'input', 'total', 'tools_exempt', 'day', 'month', 'minute', 'stems')
   if not r[1] then return {'missing', 0, 0} end
-  if r[1] ~= 'reserved' then return {'dup', 0, 0, r[1]} end
-  local total = tonumber(r[3])
   local cin, cout = 0, 0
   if state == 'settled' then
     cin = charge_in
@@ -15,6 +14,23 @@ local function close_reservation(res, expiry, rid, state, charge_in, charge_out,
     cout = math.max(0, charge_out)
   end
   local charged = cin + cout
+  if r[1] ~= 'reserved' then
+    if state == 'settled' and r[1] == 'released' then
+      -- A charge that arrives after the reservation was released (by the reaper, or by the
+      -- request's failure event processed first) is still owed: charged now to the day and month
+      -- it was reserved in. The reservation and its slot were freed by the release.
+      for stem in string.gmatch(r[8], '[^|]+') do
+        redis.call('HINCRBY', stem .. ':d:' .. r[5], 'used', charged)
+        redis.call('HINCRBY', stem .. ':m:' .. r[6], 'used', charged)
+      end
+      redis.call('HSET', res, 'state', 'settled', 'charged', charged, 'charged_input', cin, 'charged_output', cout,
+        'closed_at', now, 'late', 1)
+      redis.call('EXPIRE', res, settled_ttl)
+      return {'late', charged, 0}
+    end
+    return {'dup', 0, 0, r[1]}
+  end
+  local total = tonumber(r[3])
   for stem in string.gmatch(r[8], '[^|]+') do
     local d = stem .. ':d:' .. r[5]
     local m = stem .. ':m:' .. r[6]
