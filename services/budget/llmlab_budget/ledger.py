@@ -108,12 +108,15 @@ class Ledger:
         input_tokens: int = -1,
         output_tokens: int = 0,
         now: float,
+        tombstone: bool = False,
     ) -> Closed:
         """Settle (charge the given tokens, -1 input = the reserved estimate) or release (charge
-        nothing). Idempotent: only the first close of a reservation changes anything."""
+        nothing). Idempotent: only the first close of a reservation changes anything (a settle
+        after a release is charged once, ``late``). ``tombstone``: a release that finds no
+        reservation leaves a closed record, so a reserve arriving after it takes nothing."""
         r = await self._settle(
             keys=[self.layout.reservation(request_id), self.layout.reservation_expiry],
-            args=[request_id, state, input_tokens, output_tokens, repr(now), self.settled_ttl_s],
+            args=[request_id, state, input_tokens, output_tokens, repr(now), self.settled_ttl_s, int(tombstone)],
         )
         return Closed(_s(r[0]), int(r[1]), int(r[2]))
 

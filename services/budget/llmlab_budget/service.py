@@ -61,6 +61,7 @@ class LedgerPort(Protocol):
         input_tokens: int = -1,
         output_tokens: int = 0,
         now: float,
+        tombstone: bool = False,
     ) -> Closed: ...
 
     async def reap(self, now: float, limit: int = REAP_BATCH) -> list[str]: ...
@@ -252,13 +253,24 @@ class BudgetService:
         return await self._close(ev.request_id, "settled", inp, charge.output_tokens, ev.ended_at)
 
     async def settle_request(self, ev: RequestEvent) -> Closed:
-        """A request that was refused or failed as a whole pays nothing."""
-        return await self._close(ev.request_id, "released", 0, 0, ev.ended_at)
+        """A request that was refused or failed as a whole pays nothing. One the gateway gave up
+        on while its reserve was on the way (budget_unavailable) may be released before that
+        reserve runs: its release leaves a closed record, so the late reserve takes no slot."""
+        gave_up = ev.error.code == Code.BUDGET_UNAVAILABLE
+        return await self._close(ev.request_id, "released", 0, 0, ev.ended_at, tombstone=gave_up)
 
     async def _close(
-        self, request_id: str, state: Literal["settled", "released"], inp: int, out: int, ended_at: float
+        self,
+        request_id: str,
+        state: Literal["settled", "released"],
+        inp: int,
+        out: int,
+        ended_at: float,
+        tombstone: bool = False,
     ) -> Closed:
-        closed = await self.ledger.close(request_id, state, input_tokens=inp, output_tokens=out, now=self.clock())
+        closed = await self.ledger.close(
+            request_id, state, input_tokens=inp, output_tokens=out, now=self.clock(), tombstone=tombstone
+        )
         self.m.settlements.labels(closed.status if closed.status != "ok" else state).inc()
         if closed.status == "late":  # settled after its release: charged, nothing reserved
             self.m.charged_tokens.inc(closed.charged)

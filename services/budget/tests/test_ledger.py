@@ -242,3 +242,23 @@ async def test_concurrent_reserves_never_overcommit(redis_layout):
     ok = [r for r in rs if r.status == "ok"]
     assert len(ok) == 40  # 10_000 / 250 exactly
     assert (await day_used(redis, layout))["reserved"] == 10_000
+
+
+async def test_a_reserve_that_arrives_after_its_release_takes_no_slot(redis_layout):
+    """Catches: a reserve answered after the gateway gave up waiting for it (2 s) holding a
+    concurrency slot until the reaper (~10 minutes, dd4f538): the gateway's 503 releases the
+    request first, and that release must leave a record the late reserve finds."""
+    redis, layout = redis_layout
+    ledger = await setup(redis, layout)
+    lim = limits(max_concurrent=1)
+    # Without the tombstone (a refusal before any reserve), nothing is written.
+    assert (await ledger.close("r0", "released", now=NOW)).status == "missing"
+    assert await redis.exists(layout.reservation("r0")) == 0
+    assert (await ledger.close("r1", "released", now=NOW, tombstone=True)).status == "missing"
+    late = await reserve(ledger, "r1", lim)
+    assert late.status == "dup"
+    # The slot is free: another request of the same key gets it.
+    assert (await reserve(ledger, "r2", lim)).status == "ok"
+    assert (await reserve(ledger, "r3", lim)).status == "concurrency"
+    # A late settle of the tombstoned request changes nothing (nothing was served).
+    assert (await ledger.close("r1", "settled", input_tokens=5, output_tokens=5, now=NOW)).status == "dup"

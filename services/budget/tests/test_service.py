@@ -184,3 +184,16 @@ async def test_an_unknown_key_is_remembered_briefly_and_the_memory_is_bounded(re
     assert counting.lookups == 6
     # A known key is never answered from the negative map.
     assert (await svc.reserve(req(sha, rid="ok"))).error is None
+
+
+async def test_the_gateways_give_up_on_a_slow_reserve_frees_the_slot_it_would_take(redis_layout) -> None:
+    """The gateway answers 503 budget_unavailable after its reserve timeout and records the
+    request's event; settled before the slow reserve runs, it must leave nothing to hold."""
+    svc, _, _, _, sha = await setup(redis_layout, max_concurrent=1)
+    gave_up = RequestEvent(
+        request_id="slow", status=503, error=ErrorInfo(status=503, type="server_error", code="budget_unavailable",
+        message="x"), model="m", principal=Principal(), created_at=NOON, ended_at=NOON,
+    )  # fmt: skip
+    assert (await svc.settle_request(gave_up)).status == "missing"
+    await svc.reserve(req(sha, rid="slow"))  # the late reserve: a duplicate of a closed request
+    assert (await svc.reserve(req(sha, rid="next"))).error is None  # the one slot is free

@@ -3,19 +3,27 @@
 -- reservation holds, releases the rest, frees its concurrency slot. Idempotent: a reservation
 -- already settled is left alone ('dup'); a released one still takes a settle's charge once
 -- ('late'). Returns {status, charged, reserved_total}.
-local function close_reservation(res, expiry, rid, state, charge_in, charge_out, now, settled_ttl)
+local function close_reservation(res, expiry, rid, state, charge_in, charge_out, now, settled_ttl, tombstone)
   local r = redis.call('HMGET', res, 'state', 'input', 'total', 'tools_exempt', 'day', 'month', 'minute', 'stems')
-  if not r[1] then return {'missing', 0, 0} end
+  if not r[1] then
+    if tombstone == 1 then
+      -- Released before its reserve ran (the gateway stopped waiting for the budget): a closed
+      -- record, so the reserve that arrives later is a duplicate and takes no slot.
+      redis.call('HSET', res, 'state', 'released', 'output', 0, 'total', 0, 'closed_at', now)
+      redis.call('EXPIRE', res, settled_ttl)
+    end
+    return {'missing', 0, 0}
+  end
   local cin, cout = 0, 0
   if state == 'settled' then
     cin = charge_in
-    if cin < 0 then cin = tonumber(r[2]) end -- input unknown (cancelled): the reserved estimate
-    cin = math.max(0, cin - tonumber(r[4]))  -- tool tokens the plan does not count
+    if cin < 0 then cin = tonumber(r[2] or 0) end -- input unknown (cancelled): the reserved estimate
+    cin = math.max(0, cin - tonumber(r[4] or 0))  -- tool tokens the plan does not count
     cout = math.max(0, charge_out)
   end
   local charged = cin + cout
   if r[1] ~= 'reserved' then
-    if state == 'settled' and r[1] == 'released' then
+    if state == 'settled' and r[1] == 'released' and r[8] then
       -- A charge that arrives after the reservation was released (by the reaper, or by the
       -- request's failure event processed first) is still owed: charged now to the day and month
       -- it was reserved in. The reservation and its slot were freed by the release.
