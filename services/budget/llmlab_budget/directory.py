@@ -39,6 +39,7 @@ from llmlab_budget.model import DISPLAY_PREFIX_LEN, Identity, new_api_key, new_i
 log = logging.getLogger(__name__)
 
 ADMIN_KEY_PREFIX = "sk-adm-"
+ADMIN_KEY_ID_PREFIX = "adm_"
 UNLIMITED: Literal["unlimited"] = "unlimited"
 MAX_NAME_LEN = 200
 LIMIT_FIELDS: tuple[str, ...] = tuple(LimitSet.model_fields)
@@ -128,6 +129,21 @@ def _fields(raw: Any) -> dict[str, str]:
     return {_s(items[i]): _s(items[i + 1]) for i in range(0, len(items) - 1, 2)}
 
 
+def tighter(a: LimitSet, b: LimitSet) -> LimitSet:
+    """Per field, the tighter of two override sets (``None`` is an explicit unlimited: any number
+    is tighter); a field set in only one comes from it."""
+    fields: dict[str, int | None] = {}
+    for name in a.model_fields_set | b.model_fields_set:
+        va, vb = getattr(a, name), getattr(b, name)
+        if name not in a.model_fields_set:
+            fields[name] = vb
+        elif name not in b.model_fields_set:
+            fields[name] = va
+        else:
+            fields[name] = vb if va is None else va if vb is None else min(va, vb)
+    return LimitSet.model_validate(fields)
+
+
 def _opt_int(value: str | None) -> int | None:
     return int(value) if value else None
 
@@ -188,6 +204,8 @@ class AdminKeyRecord:
     tenant_id: str
     name: str
     created_at: int
+    id: str = ""
+    revoked_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -511,31 +529,42 @@ class Directory:
         return LimitSet.model_validate(fields)
 
     async def overrides(self, scope: ScopeName, scope_id: str) -> LimitSet:
+        """The scope's overrides: the tighter of the root admin's and the tenant admin's."""
         if not valid_id(scope, scope_id):
             raise not_found(scope, scope_id)
-        key = self._l.limits(scope, scope_id)
+        key, root = self._l.limits(scope, scope_id), self._l.limits_root(scope, scope_id)
         async with self._r.pipeline(transaction=False) as p:
             p.exists(self._record_key(scope, scope_id))
             p.hgetall(key)
-            exists, raw = await p.execute()
+            p.hgetall(root)
+            exists, raw, raw_root = await p.execute()
         if not exists:
             raise not_found(scope, scope_id)
-        return self._parse_overrides(key, raw)
+        return tighter(self._parse_overrides(key, raw), self._parse_overrides(root, raw_root))
 
     async def overrides_for(self, identity: Identity) -> dict[ScopeName, LimitSet]:
         """Overrides of the key, user, team and tenant of an identity, in one round trip."""
         keys = [self._l.limits(scope, scope_id) for scope, scope_id in identity.scopes()]
+        roots = [self._l.limits_root(scope, scope_id) for scope, scope_id in identity.scopes()]
         async with self._r.pipeline(transaction=False) as p:
-            for key in keys:
+            for key in (*keys, *roots):
                 p.hgetall(key)
             rows = await p.execute()
-        return {scope: self._parse_overrides(key, raw) for scope, key, raw in zip(SCOPES, keys, rows, strict=True)}
+        n = len(keys)
+        return {
+            scope: tighter(self._parse_overrides(key, raw), self._parse_overrides(root, raw_root))
+            for scope, key, raw, root, raw_root in zip(SCOPES, keys, rows[:n], roots, rows[n:], strict=True)
+        }
 
-    async def set_overrides(self, scope: ScopeName, scope_id: str, limits: Mapping[str, OverrideValue]) -> LimitSet:
-        """Replaces the scope's whole override set (an empty mapping clears it)."""
+    async def set_overrides(
+        self, scope: ScopeName, scope_id: str, limits: Mapping[str, OverrideValue], *, root: bool = False
+    ) -> LimitSet:
+        """Replaces the scope's whole override set of one admin layer (an empty mapping clears it):
+        the root admin's (``root``) or the tenant admin's. The tighter of both applies, so a
+        tenant admin can neither loosen nor delete what the root admin set."""
         values = validate_overrides(limits)  # before any write: a bad value changes nothing
         await self._require(scope, scope_id)
-        key = self._l.limits(scope, scope_id)
+        key = self._l.limits_root(scope, scope_id) if root else self._l.limits(scope, scope_id)
         async with self._r.pipeline(transaction=True) as p:
             p.delete(key)
             if values:
@@ -543,31 +572,78 @@ class Directory:
             await p.execute()
         return LimitSet.model_validate(values)
 
-    async def clear_overrides(self, scope: ScopeName, scope_id: str) -> None:
+    async def clear_overrides(self, scope: ScopeName, scope_id: str, *, root: bool = False) -> None:
+        """The tenant admin's layer; with ``root`` both layers (the root admin may undo anything)."""
         await self._require(scope, scope_id)
-        await self._r.delete(self._l.limits(scope, scope_id))
+        keys = [self._l.limits(scope, scope_id)]
+        if root:
+            keys.append(self._l.limits_root(scope, scope_id))
+        await self._r.delete(*keys)
 
     # -- tenant admin keys -----------------------------------------------------------------------
     async def create_admin_key(self, tenant_id: str, name: str) -> tuple[AdminKeyRecord, str]:
-        """A key that administers one tenant; returns it in plaintext, once."""
+        """A key that administers one tenant; returns it in plaintext, once (only its SHA-256 is
+        stored, with an id to list and revoke it by)."""
         await self._require("tenant", tenant_id)
-        rec = AdminKeyRecord(tenant_id, _name(name), self._now())
+        key_id = ADMIN_KEY_ID_PREFIX + secrets.token_hex(8)
+        rec = AdminKeyRecord(tenant_id, _name(name), self._now(), key_id)
         plaintext = ADMIN_KEY_PREFIX + secrets.token_urlsafe(32)
-        await cast(
-            Awaitable[Any],
-            self._r.hset(
-                self._l.admin(rules.hash_key(plaintext)),
-                mapping={"tenant_id": tenant_id, "name": rec.name, "created_at": rec.created_at},
-            ),
-        )
+        sha = rules.hash_key(plaintext)
+        async with self._r.pipeline(transaction=True) as p:
+            p.hset(
+                self._l.admin(sha),
+                mapping={"tenant_id": tenant_id, "name": rec.name, "created_at": rec.created_at, "id": key_id},
+            )
+            p.set(self._l.admin_id(key_id), sha)
+            p.sadd(self._l.tenant_admin_keys(tenant_id), key_id)
+            await p.execute()
         return rec, plaintext
 
+    async def list_admin_keys(self, tenant_id: str) -> list[AdminKeyRecord]:
+        await self._require("tenant", tenant_id)
+        out = []
+        for key_id in sorted(await self._members(self._l.tenant_admin_keys(tenant_id))):
+            rec = await self._admin_record(key_id)
+            if rec is not None:
+                out.append(rec)
+        return out
+
+    async def _admin_record(self, key_id: str) -> AdminKeyRecord | None:
+        sha = await cast(Awaitable[Any], self._r.get(self._l.admin_id(key_id)))
+        if not sha:
+            return None
+        f = _fields(await cast(Awaitable[Any], self._r.hgetall(self._l.admin(_s(sha)))))
+        if not f:
+            return None
+        return AdminKeyRecord(
+            f.get("tenant_id", ""),
+            f.get("name", ""),
+            int(f.get("created_at", 0)),
+            key_id,
+            _opt_int(f.get("revoked_at")),
+        )
+
+    async def revoke_admin_key(self, tenant_id: str, key_id: str) -> AdminKeyRecord:
+        """Revoke a tenant's admin key by id: refused at once from then on (kept, so it reads as
+        revoked). An id of another tenant is not found, as one that does not exist."""
+        rec = await self._admin_record(key_id) if key_id.startswith(ADMIN_KEY_ID_PREFIX) else None
+        if rec is None or rec.tenant_id != tenant_id:
+            raise NotFound(f"No admin key '{key_id}' in this tenant.", code=Code.KEY_NOT_FOUND)
+        if rec.revoked_at is None:
+            sha = _s(await cast(Awaitable[Any], self._r.get(self._l.admin_id(key_id))))
+            now = self._now()
+            await cast(Awaitable[Any], self._r.hset(self._l.admin(sha), "revoked_at", str(now)))
+            rec = AdminKeyRecord(rec.tenant_id, rec.name, rec.created_at, key_id, now)
+        return rec
+
     async def admin_tenant_for_hash(self, sha256: str) -> str | None:
-        tenant = await cast(Awaitable[Any], self._r.hget(self._l.admin(sha256), "tenant_id"))
-        return _s(tenant) if tenant else None
+        """The tenant an admin key administers; None if unknown or revoked."""
+        tenant, revoked = await cast(Awaitable[Any], self._r.hmget(self._l.admin(sha256), "tenant_id", "revoked_at"))
+        return _s(tenant) if tenant and not revoked else None
 
 
 __all__ = [
+    "ADMIN_KEY_ID_PREFIX",
     "ADMIN_KEY_PREFIX",
     "LIMIT_FIELDS",
     "UNLIMITED",

@@ -74,8 +74,20 @@ class Layout:
     def limits(self, scope: ScopeName, scope_id: str) -> str:
         return f"{self.prefix}:limits:{scope}:{scope_id}"
 
+    def limits_root(self, scope: ScopeName, scope_id: str) -> str:
+        """The root admin's overrides of a scope, apart from the tenant admin's (sticky: a tenant
+        admin can neither delete nor loosen them; the tighter of both applies)."""
+        return f"{self.prefix}:limits:{scope}:{scope_id}:root"
+
     def admin(self, sha256: str) -> str:
         return f"{self.prefix}:admin:{sha256}"
+
+    def admin_id(self, admin_key_id: str) -> str:
+        """An admin key's id -> its SHA-256 (to list and revoke it without the key)."""
+        return f"{self.prefix}:adminid:{admin_key_id}"
+
+    def tenant_admin_keys(self, tenant_id: str) -> str:
+        return f"{self.prefix}:tenant:{tenant_id}:adminkeys"
 
     # -- ledgers -----------------------------------------------------------------------------
     def usage(self, scope: ScopeName, scope_id: str) -> str:

@@ -382,3 +382,23 @@ async def test_openapi_documents_the_api(api: Api) -> None:
     assert all(op.get("summary") and op.get("tags") for op in ops)
     assert "/admin/v1/limits/{scope}/{scope_id}" in spec["paths"]
     assert "HTTPBearer" in spec["components"]["securitySchemes"]
+
+
+async def test_a_tenant_admin_key_is_revoked_through_the_api(api: Api) -> None:
+    """A leaked tenant admin key: listed by id (never the key), revoked by root or an admin of
+    the same tenant, refused (401) at once; another tenant cannot see or revoke it; a root limit
+    survives the tenant admin's delete."""
+    a, b = await make_org(api, "alpha"), await make_org(api, "bravo")
+    tid = a["tenant"]["id"]
+    second = await api.ok("POST", f"/tenants/{tid}/admin-keys", 201, json={"name": "second"})
+    listed = (await api.ok("GET", f"/tenants/{tid}/admin-keys", key=a["admin_key"]))["data"]
+    assert {k["id"] for k in listed} >= {second["id"]} and all("key" not in k for k in listed)
+    assert_error(await api.call("POST", f"/tenants/{tid}/admin-keys/{second['id']}/revoke", key=b["admin_key"]), 404)
+    revoked = await api.ok("POST", f"/tenants/{tid}/admin-keys/{second['id']}/revoke", key=a["admin_key"])
+    assert revoked["revoked_at"] is not None
+    assert_error(await api.call("GET", f"/tenants/{tid}", key=second["key"]), 401)
+    await api.ok("GET", f"/tenants/{tid}", key=a["admin_key"])  # the other admin key still works
+    uid = a["user"]["id"]
+    await api.ok("PUT", f"/limits/user/{uid}", json={"daily_tokens": 7})  # root
+    await api.ok("DELETE", f"/limits/user/{uid}", key=a["admin_key"])
+    assert (await api.ok("GET", f"/limits/user/{uid}"))["effective"]["daily_tokens"] == 7

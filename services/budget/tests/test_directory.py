@@ -315,9 +315,50 @@ async def test_admin_keys(directory: Directory, redis: Redis, layout: Layout) ->
     assert plain.startswith(ADMIN_KEY_PREFIX) and rec.tenant_id == o["tenant"].id
     assert await directory.admin_tenant_for_hash(hash_key(plain)) == o["tenant"].id
     assert await directory.admin_tenant_for_hash(hash_key(o["plain"])) is None  # an API key is no admin key
-    assert set((await dump(redis, layout))[layout.admin(hash_key(plain))]) == {"tenant_id", "name", "created_at"}
+    stored = (await dump(redis, layout))[layout.admin(hash_key(plain))]
+    assert set(stored) == {"tenant_id", "name", "created_at", "id"} and plain not in str(stored)
     with pytest.raises(NotFound):
         await directory.create_admin_key("ten_0000000000000000", "ops")
+
+
+async def test_a_tenant_admin_key_can_be_revoked_by_id(directory: Directory) -> None:
+    """Catches: tenant admin keys that could not be revoked (dd4f538 stored only the hash, with
+    no id to list or revoke a leaked key by)."""
+    a, b = await org(directory), await org(directory)
+    rec, plain = await directory.create_admin_key(a["tenant"].id, "ops")
+    other, other_plain = await directory.create_admin_key(a["tenant"].id, "ci")
+    assert [k.id for k in await directory.list_admin_keys(a["tenant"].id)] == sorted([rec.id, other.id])
+    with pytest.raises(NotFound):  # another tenant's id: not found, as a missing one
+        await directory.revoke_admin_key(b["tenant"].id, rec.id)
+    revoked = await directory.revoke_admin_key(a["tenant"].id, rec.id)
+    assert revoked.revoked_at is not None
+    assert await directory.admin_tenant_for_hash(hash_key(plain)) is None
+    assert await directory.admin_tenant_for_hash(hash_key(other_plain)) == a["tenant"].id
+    again = await directory.revoke_admin_key(a["tenant"].id, rec.id)  # idempotent: the first time stays
+    assert again.revoked_at == revoked.revoked_at
+
+
+async def test_root_limits_are_sticky_the_tighter_layer_applies(directory: Directory) -> None:
+    """Catches: a tenant admin deleting or raising a limit the root admin set on its team, user
+    or key (dd4f538 kept one override set per scope, which either admin replaced)."""
+    o = await org(directory)
+    uid = o["user"].id
+    await directory.set_overrides("user", uid, {"daily_tokens": 1000, "rpm": 5}, root=True)
+    await directory.set_overrides("user", uid, {"daily_tokens": 50_000, "tpm": 300})  # the tenant admin
+    got = await directory.overrides("user", uid)
+    assert got.model_dump(exclude_unset=True) == {"daily_tokens": 1000, "rpm": 5, "tpm": 300}
+    await directory.clear_overrides("user", uid)  # the tenant admin's delete: root's stay
+    assert (await directory.overrides("user", uid)).model_dump(exclude_unset=True) == {"daily_tokens": 1000, "rpm": 5}
+    await directory.set_overrides("user", uid, {"daily_tokens": 10})  # tighter: allowed, applies
+    assert (await directory.overrides("user", uid)).daily_tokens == 10
+    ident = await directory.identity_for_key_hash(hash_key(o["plain"]))
+    assert ident is not None
+    assert (await directory.overrides_for(ident))["user"].model_dump(exclude_unset=True) == {
+        "daily_tokens": 10,
+        "rpm": 5,
+    }
+    await directory.clear_overrides("user", uid, root=True)  # the root admin may undo both
+    assert (await directory.overrides("user", uid)).model_dump(exclude_unset=True) == {}
 
 
 async def test_bad_names_and_plans_write_nothing(directory: Directory, redis: Redis, layout: Layout) -> None:

@@ -1,4 +1,5 @@
-"""A scope's limit overrides (tenant admins may tighten their plan, never lift it) and usage."""
+"""A scope's limit overrides (tenant admins may tighten their plan, never lift it, and never loosen
+or delete what the root admin set: the two are kept apart and the tighter applies) and usage."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ async def put_limits(scope: str, scope_id: str, body: LimitsPut, admin: Admin, c
     values = validate_overrides(body.model_dump(exclude_unset=True))
     if not admin.root:
         tenant_admin_may_set(ctx, ref, values)
-    await ctx.directory.set_overrides(ref.scope, scope_id, body.model_dump(exclude_unset=True))
+    await ctx.directory.set_overrides(ref.scope, scope_id, body.model_dump(exclude_unset=True), root=admin.root)
     admin.audit("set limits of %s %s: %s", ref.scope, scope_id, values)
     return await limits_out(ctx, ref)
 
@@ -66,7 +67,7 @@ async def delete_limits(scope: str, scope_id: str, admin: Admin, ctx: Context) -
     ref = await ctx.visible_scope(admin, scope, scope_id)
     if not admin.root and ref.scope == "tenant":
         raise PermissionDenied("Only the root admin can change a tenant's own limits.")
-    await ctx.directory.clear_overrides(ref.scope, scope_id)
+    await ctx.directory.clear_overrides(ref.scope, scope_id, root=admin.root)
     admin.audit("cleared limits of %s %s", ref.scope, scope_id)
     return await limits_out(ctx, ref)
 

@@ -127,11 +127,20 @@ class KeyCreatedOut(KeyOut):
     key: str = Field(description="The API key. Shown once: only its SHA-256 is stored.")
 
 
-class AdminKeyCreatedOut(BaseModel):
+class AdminKeyOut(BaseModel):
+    id: str = Field(description="What the key is listed and revoked by (the key itself is never stored)")
     tenant_id: str
     name: str
     created_at: int
+    revoked_at: int | None = None
+
+
+class AdminKeyCreatedOut(AdminKeyOut):
     key: str = Field(description="The tenant admin key. Shown once: only its SHA-256 is stored.")
+
+
+class AdminKeyList(BaseModel):
+    data: list[AdminKeyOut]
 
 
 class ReservePolicyOut(BaseModel):

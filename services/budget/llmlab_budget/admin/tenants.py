@@ -8,6 +8,8 @@ from llmlab_budget.admin.auth import Admin, Context
 from llmlab_budget.admin.schemas import (
     ERROR_RESPONSES,
     AdminKeyCreatedOut,
+    AdminKeyList,
+    AdminKeyOut,
     NameBody,
     Page,
     TenantCreate,
@@ -15,6 +17,7 @@ from llmlab_budget.admin.schemas import (
     TenantPatch,
     tenant_out,
 )
+from llmlab_budget.directory import AdminKeyRecord
 
 router = APIRouter(tags=["tenants"], responses=ERROR_RESPONSES)
 
@@ -58,5 +61,28 @@ async def update_tenant(tenant_id: str, body: TenantPatch, admin: Admin, ctx: Co
 async def create_admin_key(tenant_id: str, body: NameBody, admin: Admin, ctx: Context) -> AdminKeyCreatedOut:
     admin.require_root("create admin keys")
     rec, plaintext = await ctx.directory.create_admin_key(tenant_id, body.name)
-    admin.audit("created admin key %r for tenant %s", rec.name, tenant_id)
-    return AdminKeyCreatedOut(tenant_id=rec.tenant_id, name=rec.name, created_at=rec.created_at, key=plaintext)
+    admin.audit("created admin key %s (%r) for tenant %s", rec.id, rec.name, tenant_id)
+    return AdminKeyCreatedOut(**_admin_key(rec).model_dump(), key=plaintext)
+
+
+def _admin_key(rec: AdminKeyRecord) -> AdminKeyOut:
+    return AdminKeyOut(
+        id=rec.id, tenant_id=rec.tenant_id, name=rec.name, created_at=rec.created_at, revoked_at=rec.revoked_at
+    )
+
+
+@router.get("/tenants/{tenant_id}/admin-keys", summary="A tenant's admin keys (never the keys themselves)")
+async def list_admin_keys(tenant_id: str, admin: Admin, ctx: Context) -> AdminKeyList:
+    await ctx.visible_tenant(admin, tenant_id)
+    return AdminKeyList(data=[_admin_key(r) for r in await ctx.directory.list_admin_keys(tenant_id)])
+
+
+@router.post(
+    "/tenants/{tenant_id}/admin-keys/{admin_key_id}/revoke",
+    summary="Revoke a tenant admin key (root, or an admin of the same tenant): refused at once from then on",
+)
+async def revoke_admin_key(tenant_id: str, admin_key_id: str, admin: Admin, ctx: Context) -> AdminKeyOut:
+    await ctx.visible_tenant(admin, tenant_id)
+    rec = await ctx.directory.revoke_admin_key(tenant_id, admin_key_id)
+    admin.audit("revoked admin key %s of tenant %s", admin_key_id, tenant_id)
+    return _admin_key(rec)
