@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 export LLMLAB_ENV ?= dev
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-vllm infra prom-tools test mutants test-unit test-e2e lint format up down status demo bench bench-engine-modes report explain-latency costmodel router-eval \
+.PHONY: fuzz help install install-vllm infra prom-tools test mutants test-unit test-e2e lint format up down status demo bench bench-engine-modes report explain-latency costmodel router-eval \
         experiments experiments-quick gpu-smoke \
         compose-up compose-down clean
 
@@ -40,6 +40,9 @@ prom-tools: ## make sure prometheus, promtool, prometheus-alertmanager and amtoo
 
 test: install infra prom-tools install-vllm ## run every tier that runs here: unit, integration, e2e, vllm_cpu
 	$(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS)
+
+fuzz: install ## fuzz the gateway, budget admin and accounting APIs from their OpenAPI documents (schemathesis): FUZZ_EXAMPLES cases per operation -> results/fuzz/
+	LLMLAB_FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),100) LLMLAB_FUZZ_OUT=results $(PY) -m pytest -q -s --timeout 1500 tests/e2e/test_fuzz.py
 
 mutants: install infra ## break the code on purpose (tests/mutations.toml) and require the guarding tests to fail
 	$(PY) -m llmlab_testkit.mutants $(MUTANTS_ARGS)

@@ -64,7 +64,9 @@ class _Ledger:
     def __init__(self) -> None:
         self.closed: list[tuple[str, int, int]] = []
 
-    async def close(self, request_id: str, state: str, *, input_tokens: int, output_tokens: int, now: float) -> Closed:
+    async def close(
+        self, request_id: str, state: str, *, input_tokens: int, output_tokens: int, now: float, tombstone: bool = False
+    ) -> Closed:
         self.closed.append((state, input_tokens, output_tokens))
         return Closed("ok", charged=max(input_tokens, 0) + output_tokens, reserved=100)
 

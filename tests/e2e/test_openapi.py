@@ -34,25 +34,35 @@ CHAT_BAD: list[dict[str, Any]] = [
     {"model": LLAMA, "messages": HI, "logit_bias": {"1": "a lot"}},
     {"model": LLAMA, "messages": HI, "user": "u" * 300},
     {"model": LLAMA, "messages": HI, "tools": "all of them"},
+    # Rules the schema now states too (they were "beyond the schema" on dd4f538's successor).
+    {"model": LLAMA, "messages": HI, "n": 2},
+    {"model": LLAMA, "messages": HI, "stop": ["a", "b", "c", "d", "e"]},
+    {"model": LLAMA, "messages": HI, "tool_choice": {"type": "function", "function": {"name": "f"}}},
+    {"model": LLAMA, "messages": HI, "logit_bias": {"1": 101}},
+    {"model": LLAMA, "messages": HI, "seed": 2**60},
 ]
 CHAT_GOOD: list[dict[str, Any]] = [
     {"model": LLAMA, "messages": HI},
     {"model": LLAMA, "messages": HI, "max_tokens": 3, "temperature": 0, "top_p": 1, "stream": True},
     {"model": LLAMA, "messages": HI, "stop": ["a", "b"], "seed": 3, "unknown_field": 1},
-]
-# Refused by the request models, accepted by their JSON schema: the routes' description says so.
-CHAT_BEYOND_SCHEMA: list[dict[str, Any]] = [
-    {"model": LLAMA, "messages": HI, "n": 2},
-    {"model": LLAMA, "messages": HI, "stop": ["a", "b", "c", "d", "e"]},
-    {"model": LLAMA, "messages": HI, "tool_choice": {"type": "function", "function": {"name": "f"}}},
+    {"model": LLAMA, "messages": HI, "max_tokens": 3.0, "n": 1},  # JSON Schema's integer includes 3.0
 ]
 COMPLETION_BAD: list[dict[str, Any]] = [
     {"model": LLAMA},
     {"model": LLAMA, "prompt": 5},
     {"model": LLAMA, "prompt": "hi", "max_tokens": 0},
+    {"model": LLAMA, "prompt": ["a", "b"]},
 ]
 COMPLETION_GOOD: list[dict[str, Any]] = [{"model": LLAMA, "prompt": "hi", "max_tokens": 2}]
-COMPLETION_BEYOND_SCHEMA: list[dict[str, Any]] = [{"model": LLAMA, "prompt": ["a", "b"]}]
+# Refused by the handler, accepted by the JSON schema (the routes' description says so): nesting
+# past 32 levels, which a JSON schema cannot bound.
+DEEP: dict[str, Any] = {"model": LLAMA, "prompt": "hi"}
+_node: dict[str, Any] = DEEP
+for _ in range(40):
+    _node["x"] = {}
+    _node = _node["x"]
+CHAT_BEYOND_SCHEMA: list[dict[str, Any]] = [{"model": LLAMA, "messages": HI, "metadata": DEEP}]
+COMPLETION_BEYOND_SCHEMA: list[dict[str, Any]] = [DEEP]
 
 
 async def test_the_documented_request_bodies_are_the_ones_the_gateway_accepts(stack: Stack) -> None:

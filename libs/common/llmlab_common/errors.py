@@ -14,8 +14,28 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+from pydantic import BaseModel
+
 from llmlab_common.codes import Code
 from llmlab_common.messages import ErrorInfo
+
+
+class ErrorDetail(BaseModel):
+    """OpenAI's error object: what every error response of every service carries."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+def error_responses(descriptions: Mapping[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for a route's error statuses, each with the OpenAI error body."""
+    return {status: {"model": ErrorResponse, "description": text} for status, text in descriptions.items()}
 
 
 class LLMLabError(Exception):

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from llmlab_common import rules
 from llmlab_common.codes import Code
-from llmlab_common.errors import AuthenticationFailed, InvalidRequest
+from llmlab_common.errors import AuthenticationFailed, InvalidRequest, error_responses
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmlab_accounting.attribution import periods_covering
@@ -81,6 +81,11 @@ AttributePeriod = Callable[[float, float], tuple[float, float]]
 MAX_ATTRIBUTE_PERIODS = 1440  # one day of minute periods per call
 
 
+ERRORS = error_responses(
+    {400: "Invalid request, or a statement ClickHouse refused (its message)", 401: "Missing or invalid admin key"}
+)
+
+
 def admin_router(store: Store, settings: AccountingSettings, attribute: AttributePeriod) -> APIRouter:
     router = APIRouter()
     bearer = HTTPBearer(auto_error=False, description="Admin key")
@@ -91,7 +96,7 @@ def admin_router(store: Store, settings: AccountingSettings, attribute: Attribut
         if not rules.key_matches(creds.credentials, settings.admin_key_sha256):
             raise AuthenticationFailed("Invalid admin key.")
 
-    @router.post("/query", response_model=QueryResponse)
+    @router.post("/query", response_model=QueryResponse, responses=ERRORS)
     async def query(body: QueryRequest, _: None = Security(authenticate)) -> JSONResponse:
         sql = check_read_only(body.sql)
         try:
@@ -111,7 +116,7 @@ def admin_router(store: Store, settings: AccountingSettings, attribute: Attribut
         rows = [[None if isinstance(v, float) and not math.isfinite(v) else v for v in row] for row in result.rows]
         return JSONResponse(jsonable_encoder({"columns": result.columns, "types": result.types, "rows": rows}))
 
-    @router.post("/attribute", response_model=AttributeResponse)
+    @router.post("/attribute", response_model=AttributeResponse, responses=ERRORS)
     async def attribute_now(body: AttributeRequest, _: None = Security(authenticate)) -> AttributeResponse:
         end = min(body.end or time.time(), time.time())
         periods = periods_covering(body.start, end, settings.attribution_period_s)

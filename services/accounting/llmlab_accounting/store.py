@@ -28,6 +28,7 @@ import re
 import signal
 import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures.process import BrokenProcessPool
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -228,17 +229,30 @@ class StoreProcess:
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = Path(data_dir).resolve()
+        self.restarts = 0
+        self._pool, self.pid = self._start()
+
+    def _start(self) -> tuple[concurrent.futures.ProcessPoolExecutor, int]:
         # One worker, spawned by this first submit from the calling thread (the parent-death
         # signal follows the thread that forks: open from the main thread).
-        self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
         try:
-            self.pid = self._pool.submit(_child_open, str(self.data_dir)).result()
+            return pool, pool.submit(_child_open, str(self.data_dir)).result()
         except BaseException:
-            self._pool.shutdown(wait=True)
+            pool.shutdown(wait=True)
             raise
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return self._pool.submit(_child_call, method, args, kwargs).result()
+        try:
+            return self._pool.submit(_child_call, method, args, kwargs).result()
+        except BrokenProcessPool:
+            # The child died (OOM-killed, a chdb crash): its writer lock went with it. Start a new
+            # one on the same directory and run the call there, once; a second death is raised.
+            log.error("the chdb process %d died; starting a new one", self.pid)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool, self.pid = self._start()
+            self.restarts += 1
+            return self._pool.submit(_child_call, method, args, kwargs).result()
 
     def ensure_schema(self) -> None:
         self._call("ensure_schema")

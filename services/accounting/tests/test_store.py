@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,23 @@ def test_arrow_batches_match_the_table_and_keep_every_value(
                 assert v is not None and got[f"toFloat64({k})"] == pytest.approx(v, abs=1e-3), k
         else:
             assert got[k] == v, k
+
+
+def test_a_dead_chdb_process_is_replaced_and_the_data_is_still_there(tmp_path: Path) -> None:
+    """Catches: the service's chdb child dying (OOM-killed) for good: every later insert and
+    query failed until a restart of the whole service (dd4f538 never recreated it)."""
+    s = StoreProcess(tmp_path / "chdb")
+    try:
+        s.ensure_schema()
+        s.insert_json("gpu_periods", [])  # a no-op write through the child
+        first = s.pid
+        os.kill(first, signal.SIGKILL)
+        time.sleep(0.5)
+        try:
+            rows = s.query("SELECT count() FROM attempts").rows  # served by a new child
+        except BrokenProcessPool:
+            pytest.fail("the store is unusable after its chdb process died")
+        assert rows == [[0]]
+        assert s.pid != first and s.restarts == 1
+    finally:
+        s.close()

@@ -310,7 +310,7 @@ BAD_INPUTS: list[tuple[str, str, dict[str, Any], int, str | None]] = [
     ("PUT", "/limits/user/{user}", {"json": {"rpm": -1}}, 400, "invalid_value"),
     ("PUT", "/limits/user/{user}", {"json": {"daily_tokens": 10**30}}, 400, "invalid_value"),
     ("PUT", "/limits/user/{user}", {"json": {"daily_tokens": 1.5}}, 400, "invalid_value"),
-    ("PUT", "/limits/user/{user}", {"json": {"daily_tokens": 100.0}}, 400, "invalid_value"),
+    ("PUT", "/limits/user/{user}", {"json": {"daily_tokens": 100.5}}, 400, "invalid_value"),
     ("PUT", "/limits/user/{user}", {"json": {"daily_tokens": True}}, 400, "invalid_value"),
     ("PUT", "/limits/user/{user}", {"json": {"daily_tokens": "100"}}, 400, "invalid_value"),
     ("PUT", "/limits/user/{user}", {"json": {"daily_tokens": None}}, 400, "invalid_value"),

@@ -8,6 +8,8 @@ budgets) and :class:`llmlab_gateway.budget_client.BudgetAdmitter` implement it.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,6 +41,33 @@ class Admitter(Protocol):
     async def authenticate(self, api_key: str | None) -> Principal: ...
 
     async def admit(self, api_key: str | None, req: AdmissionRequest) -> Admission: ...
+
+
+class RefusedKeys:
+    """API keys the budget refused (unknown or revoked) in the last ``ttl_s``, by SHA-256: the
+    next request with one is refused before its body is read or parsed, and costs no budget round
+    trip. Bounded (the oldest go first); a key created or restored meanwhile works after ttl_s."""
+
+    def __init__(self, ttl_s: float = 2.0, size: int = 100_000, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s, self.size, self.clock = ttl_s, size, clock
+        self._until: dict[str, float] = {}
+
+    def refused(self, api_key: str) -> bool:
+        sha = rules.hash_key(api_key)
+        until = self._until.get(sha)
+        if until is None:
+            return False
+        if until > self.clock():
+            return True
+        del self._until[sha]
+        return False
+
+    def remember(self, api_key: str) -> None:
+        if self.ttl_s <= 0:
+            return
+        while len(self._until) >= self.size:
+            del self._until[next(iter(self._until))]
+        self._until[rules.hash_key(api_key)] = self.clock() + self.ttl_s
 
 
 def require_key(api_key: str | None) -> str:

@@ -5,7 +5,7 @@ routes record before answering."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -13,7 +13,7 @@ from llmlab_common.codes import Code
 from llmlab_common.errors import InvalidRequest, PayloadTooLarge
 from llmlab_routing.config import CatalogHolder
 
-from llmlab_gateway.auth import Admitter
+from llmlab_gateway.auth import Admitter, RefusedKeys
 from llmlab_gateway.metrics import GatewayMetrics
 from llmlab_gateway.service import CompletionService, RouteHints
 from llmlab_gateway.settings import GatewaySettings
@@ -28,6 +28,7 @@ class Gateway:
     admitter: Admitter
     service: CompletionService
     metrics: GatewayMetrics
+    refused_keys: RefusedKeys = field(default_factory=RefusedKeys)
 
     def require_model(self, name: str) -> None:
         """404 unless a deployment serves the name or it is a routing alias (auto, fast, cheap, best)."""

@@ -297,6 +297,10 @@ class NatsDispatcher:
         try:
             probe = AliveProbe.model_validate_json(msg.data)
         except ValidationError:
+            # Answered, not left to time out: "not wanted" is the safe answer to a probe nobody
+            # can read (the asker drops the attempt instead of waiting its timeout).
+            with contextlib.suppress(Exception):
+                await msg.respond(AliveReply(request_id="", attempt=0, wanted=False).model_dump_json().encode())
             return
         inf = self.inflight.get(probe.request_id)
         wanted = inf is not None and not inf.done and inf.attempt == probe.attempt and inf.worker_id is None

@@ -16,7 +16,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from llmlab_common import openai_wire as wire
 from llmlab_common.codes import Code
-from llmlab_common.errors import EngineError, InvalidRequest, LLMLabError, invalid_request
+from llmlab_common.errors import AuthenticationFailed, EngineError, InvalidRequest, LLMLabError, invalid_request
 from llmlab_common.http import error_response, new_request_id
 from llmlab_common.logging import request_id_var
 from llmlab_common.messages import Endpoint, Principal, StreamEnd, TokenChunk
@@ -54,8 +54,12 @@ async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -
     principal: Principal | None = None
     model: str | None = None
     ctx: CallContext | None = None
+    api_key: str | None = None
     try:
         api_key = require_key(bearer_key(request))
+        if gw.refused_keys.refused(api_key):
+            # Refused moments ago: no body read or parsed, no budget round trip.
+            raise AuthenticationFailed("Incorrect API key provided.")
         raw = await read_body(request, settings.max_body_bytes)
         try:
             payload = json.loads(raw)
@@ -101,6 +105,8 @@ async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -
         if isinstance(exc, LLMLabError):
             err = exc
             log.info("refused %s: %d %s", endpoint, err.status, err.message)
+            if isinstance(err, AuthenticationFailed) and api_key:
+                gw.refused_keys.remember(api_key)
         else:
             # A bug, not a refusal: still one request event (the budget settles the reservation
             # by it instead of holding it until the reaper) and OpenAI's 500 shape, with no

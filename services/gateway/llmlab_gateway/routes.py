@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from llmlab_common.errors import error_responses
 from pydantic import BaseModel
 
 from llmlab_gateway.deps import Gateway, GatewayDep, bearer_key
@@ -16,13 +17,33 @@ from llmlab_gateway.relay import handle_completion
 from llmlab_gateway.schemas import ChatCompletionRequest, CompletionRequest
 from llmlab_gateway.sse import FastHandler
 
-router = APIRouter()
+# What the gateway answers besides 200, each with OpenAI's error object.
+_AUTH_ERRORS = {401: "Missing, invalid or revoked API key", 503: "The budget service is unavailable"}
+_MODEL_ERRORS = {**_AUTH_ERRORS, 404: "Unknown model"}
+# A completion answers one JSON body, or an SSE stream with "stream": true.
+_COMPLETION_OK = {
+    200: {
+        "description": 'The completion: one JSON body, or with "stream": true a text/event-stream of chunks',
+        "content": {"application/json": {}, "text/event-stream": {}},
+    }
+}
+_COMPLETION_ERRORS = {
+    **_MODEL_ERRORS,
+    400: "Invalid request (the param is named), or the engine refused it",
+    403: "Not allowed for this key's plan",
+    413: "Request body or prompt too large",
+    429: "Rate limited, over budget, or no capacity within the queue timeout (Retry-After)",
+    500: "Internal error (no detail; the log has it under the request id)",
+    502: "The engine failed",
+    504: "The engine did not answer in time",
+}
+router = APIRouter(responses=error_responses({422: "Not sent by the gateway (its 400 covers invalid bodies)"}))
 
-# Checked by the request models beyond what their JSON schema says (documented on each route).
+# Checked by the handler beyond what the request models' JSON schema says (documented on each route).
 _BEYOND_SCHEMA = (
-    "Besides the schema: n must be 1, at most 4 stop sequences, one prompt per request, a "
-    "tool_choice that names a tool needs tools. Errors: 400 with OpenAI's error object naming "
-    "the param."
+    "Besides the schema: objects and arrays nested at most 32 levels deep, and a prompt plus "
+    "max_tokens that fit the model's context (the catalog's). Errors: 400 with OpenAI's error "
+    "object naming the param."
 )
 
 
@@ -46,7 +67,7 @@ def _request_body(model: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=error_responses(_AUTH_ERRORS))
 async def list_models(request: Request, gw: GatewayDep) -> JSONResponse:
     await gw.admitter.authenticate(bearer_key(request))
     created = int(time.time())
@@ -57,19 +78,29 @@ async def list_models(request: Request, gw: GatewayDep) -> JSONResponse:
     return JSONResponse({"object": "list", "data": data})
 
 
-@router.get("/v1/models/{model:path}")
+@router.get("/v1/models/{model:path}", responses=error_responses(_MODEL_ERRORS))
 async def get_model(model: str, request: Request, gw: GatewayDep) -> JSONResponse:
     await gw.admitter.authenticate(bearer_key(request))
     gw.require_model(model)
     return JSONResponse({"id": model, "object": "model", "created": int(time.time()), "owned_by": "llm-inference-lab"})
 
 
-@router.post("/v1/chat/completions", openapi_extra=_request_body(ChatCompletionRequest), description=_BEYOND_SCHEMA)
+@router.post(
+    "/v1/chat/completions",
+    openapi_extra=_request_body(ChatCompletionRequest),
+    description=_BEYOND_SCHEMA,
+    responses={**_COMPLETION_OK, **error_responses(_COMPLETION_ERRORS)},
+)
 async def chat_completions(request: Request, gw: GatewayDep) -> Response:
     return await handle_completion(request, gw, "chat")
 
 
-@router.post("/v1/completions", openapi_extra=_request_body(CompletionRequest), description=_BEYOND_SCHEMA)
+@router.post(
+    "/v1/completions",
+    openapi_extra=_request_body(CompletionRequest),
+    description=_BEYOND_SCHEMA,
+    responses={**_COMPLETION_OK, **error_responses(_COMPLETION_ERRORS)},
+)
 async def completions(request: Request, gw: GatewayDep) -> Response:
     return await handle_completion(request, gw, "completions")
 

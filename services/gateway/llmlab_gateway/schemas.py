@@ -6,8 +6,9 @@ integer is a valid number."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from llmlab_common.jsontypes import Integral
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Input bounds (OpenAI's where it documents one: 128 tools, 4 stop sequences, logit_bias values in
@@ -19,7 +20,15 @@ MAX_LOGIT_BIAS = 300
 MAX_TOOLS = 128
 MAX_TOKENS = 1 << 20  # past any context window the catalog can name
 MAX_JSON_DEPTH = 32  # the bodies OpenAI's API describes nest at most ~10 levels (tools' JSON schemas more)
-INT64 = (-(1 << 63), (1 << 63) - 1)
+# Seeds within +-2^53: exact as a JSON number in any parser (a float past it is not an exact
+# integer), and inside the engines' int64.
+SEED_RANGE = (-(1 << 53), 1 << 53)
+
+
+JsonInt = Annotated[int, Integral]
+# Bounds inside the type: on the optional field pydantic would leave them out of the JSON schema.
+TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS), Integral]
+Seed = Annotated[int, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1]), Integral]
 
 
 def json_depth_exceeds(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
@@ -57,17 +66,26 @@ class ChatMessage(BaseModel):
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     model: str = Field(min_length=1, max_length=256)
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    max_tokens: TokenCount | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int = 1
+    # The validators below give the clear message; the schema says the same (for generated
+    # clients and fuzzers: the documented schema is exactly what is accepted).
+    n: JsonInt = Field(default=1, json_schema_extra={"minimum": 1, "maximum": 1})
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=INT64[0], le=INT64[1])
+    stop: str | list[str] | None = Field(
+        default=None,
+        json_schema_extra={"maxLength": MAX_STOP_CHARS, "maxItems": 4, "items": {"maxLength": MAX_STOP_CHARS}},
+    )
+    seed: Seed | None = None
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
+    logit_bias: dict[str, float] | None = Field(
+        default=None,
+        max_length=MAX_LOGIT_BIAS,
+        json_schema_extra={"additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+    )
     user: str | None = Field(default=None, max_length=256)
 
     @field_validator("n")
@@ -100,8 +118,15 @@ class _Common(BaseModel):
 
 
 class ChatCompletionRequest(_Common):
+    # A tool_choice that names a tool needs tools (the validator below), as a schema says it.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"tool_choice": {"type": "object"}}, "required": ["tool_choice"]},
+            "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+        }
+    )
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: TokenCount | None = None
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
@@ -118,7 +143,7 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str]
+    prompt: str | list[str] = Field(json_schema_extra={"minItems": 1, "maxItems": 1})
 
     @field_validator("prompt")
     @classmethod

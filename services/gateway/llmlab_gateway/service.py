@@ -407,9 +407,16 @@ class CompletionService:
             assert err is not None
             if not err.retryable:
                 raise err
-            failures.append(f"{target.deployment}/{target.worker_id or 'pool'}: {err.message}")
+            # The client's message names deployments (public: X-LLMLab-Deployment), never workers.
+            failures.append(f"{target.deployment}: {err.message}")
             previous = target.deployment
-            log.warning("attempt %d failed before the first token (%s); trying the next route", attempt, err.message)
+            log.warning(
+                "attempt %d on %s/%s failed before the first token (%s); trying the next route",
+                attempt,
+                target.deployment,
+                target.worker_id or "pool",
+                err.message,
+            )
         raise ServiceUnavailable(
             f"All {len(targets)} routes failed before the first token: " + "; ".join(failures),
             code=Code.ALL_ROUTES_FAILED,

@@ -90,3 +90,51 @@ async def test_an_unexpected_error_before_the_answer_is_a_500_with_its_request_e
     assert "worker-7" not in r.text and "internal:8091" not in r.text
     assert [rid for rid, _ in failures] == [r.headers["x-request-id"]]
     assert getattr(failures[0][1], "status", None) == 500
+
+
+async def test_a_key_just_refused_is_refused_again_before_its_body_is_read() -> None:
+    """Catches: every request with a bad key having its body (up to 4 MiB) read and parsed and
+    costing a budget round trip before the refusal (dd4f538 authenticated only after parsing), so
+    a flood of one bad key competed with real traffic."""
+    from llmlab_common.errors import AuthenticationFailed
+    from llmlab_common.metrics import Metrics
+    from llmlab_gateway.auth import Admission
+    from llmlab_gateway.deps import Gateway
+    from llmlab_gateway.metrics import GatewayMetrics
+    from llmlab_gateway.relay import handle_completion
+    from llmlab_routing.config import CatalogHolder
+
+    calls: list[str] = []
+
+    class Service:
+        def record_failure(self, *_: object) -> None:
+            pass
+
+    class Admitter:
+        async def admit(self, api_key: str, req: object) -> Admission:
+            calls.append(api_key)
+            raise AuthenticationFailed("Incorrect API key provided.")
+
+    gw = Gateway(GatewaySettings(), CatalogHolder(CATALOG), Admitter(), Service(), GatewayMetrics(Metrics("t")))  # type: ignore[arg-type]
+    app = RawSendApp()
+
+    async def chat(request: Request) -> Response:
+        return await handle_completion(request, gw, "chat")
+
+    app.fast_routes = {"/v1/chat/completions": chat}
+    body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "messages": [{"role": "user", "content": "hi"}]}
+    bad = {"Authorization": "Bearer sk-wrong"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        r = await c.post("/v1/chat/completions", json=body, headers=bad)
+        assert r.status_code == 401 and calls == ["sk-wrong"]
+        # Not even parsed now: a body that is not JSON still gets the 401, and no budget call.
+        r = await c.post("/v1/chat/completions", content=b"{not json", headers=bad)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
+        assert calls == ["sk-wrong"]
+        # Another key is not affected.
+        r = await c.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-other"})
+        assert calls == ["sk-wrong", "sk-other"]
+    gw.refused_keys.clock = lambda: 10**9  # past the TTL: asked again
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        await c.post("/v1/chat/completions", json=body, headers=bad)
+    assert calls == ["sk-wrong", "sk-other", "sk-wrong"]

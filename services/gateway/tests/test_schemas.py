@@ -29,7 +29,7 @@ MSG = [{"role": "user", "content": "hi"}]
         ({"model": "m", "messages": MSG, "tools": [{"type": "function"}] * 129}, "tools"),
         ({"model": "m", "messages": MSG, "max_tokens": 10**30}, "max_tokens"),
         ({"model": "m", "messages": MSG, "max_completion_tokens": 2**21}, "max_completion_tokens"),
-        ({"model": "m", "messages": MSG, "seed": 2**63}, "seed"),
+        ({"model": "m", "messages": MSG, "seed": 2**53 + 1}, "seed"),
         ({"model": "m" * 257, "messages": MSG}, "model"),
     ],
 )
@@ -69,7 +69,7 @@ def test_bounds_admit_what_openai_admits() -> None:
             "stop": ["a", "b", "c", "x" * 1024],
             "logit_bias": {str(i): -100.0 if i % 2 else 100.0 for i in range(300)},
             "max_tokens": 2**20,
-            "seed": -(2**63),
+            "seed": -(2**53),
         }
     )
 

@@ -195,6 +195,8 @@ async def test_fallback_chain_is_bounded_and_never_repeats_a_target() -> None:
     assert len(d.dispatched) == 2
     pairs = [(t.deployment, t.worker_id) for t in d.targets]
     assert len(set(pairs)) == 2 and all(w is not None for _, w in pairs)
+    # What the client reads names no internal worker (the log has them).
+    assert not any(w and w in exc.value.message for _, w in pairs), exc.value.message
     assert [r.route.position for r in d.dispatched if r.route] == [1, 2]
     assert d.dispatched[1].route and d.dispatched[1].route.fallback_from == "llama-8b-vllm"
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from llmlab_common.catalog import MAX_LIMIT, LimitSet, ScopeName
+from llmlab_common.errors import error_responses
+from llmlab_common.jsontypes import Integral
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from llmlab_budget.directory import KeyRecord, TeamRecord, TenantRecord, UserRecord
 
@@ -17,7 +20,11 @@ T = TypeVar("T")
 Name = Annotated[StrictStr, Field(min_length=1, max_length=200)]
 # Strict: 1.0, true and "5" are refused rather than coerced; bounds per field come from LimitSet
 # (checked again by validate_overrides, e.g. max_input_tokens >= 1).
-LimitValue = Annotated[StrictInt, Field(ge=0, le=MAX_LIMIT)] | Literal["unlimited"]
+# An integral float (100.0) is the whole number it is, as JSON Schema's integer says.
+LimitValue = Annotated[StrictInt, Field(ge=0, le=MAX_LIMIT), Integral] | Literal["unlimited"]
+PerRequestLimit = Annotated[StrictInt, Field(ge=1, le=MAX_LIMIT), Integral] | Literal["unlimited"]
+# A field that may be left out but not sent as null (_NoNulls): null is not in its schema either.
+Absent = SkipJsonSchema[None]
 
 
 class _Body(BaseModel):
@@ -42,8 +49,8 @@ class _NoNulls(_Body):
 
 
 class TenantPatch(_NoNulls):
-    name: Name | None = None
-    plan: StrictStr | None = None
+    name: Name | Absent = None
+    plan: StrictStr | Absent = None
 
 
 class TeamCreate(_Body):
@@ -59,27 +66,16 @@ class LimitsPut(_NoNulls):
     """Any LimitSet field: a whole number, or "unlimited" to lift a plan default. Fields left
     out follow the plan. The body replaces the whole override set."""
 
-    daily_tokens: LimitValue | None = None
-    monthly_tokens: LimitValue | None = None
-    max_input_tokens: LimitValue | None = None
-    max_output_tokens: LimitValue | None = None
-    rpm: LimitValue | None = None
-    tpm: LimitValue | None = None
-    max_concurrent: LimitValue | None = None
+    daily_tokens: LimitValue | Absent = None
+    monthly_tokens: LimitValue | Absent = None
+    max_input_tokens: PerRequestLimit | Absent = None
+    max_output_tokens: PerRequestLimit | Absent = None
+    rpm: LimitValue | Absent = None
+    tpm: LimitValue | Absent = None
+    max_concurrent: LimitValue | Absent = None
 
 
 # -- responses -----------------------------------------------------------------------------------
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorDetail
 
 
 class Page(BaseModel, Generic[T]):
@@ -227,9 +223,11 @@ def key_fields(k: KeyRecord) -> dict[str, Any]:
     }
 
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorResponse, "description": "Invalid request"},
-    401: {"model": ErrorResponse, "description": "Missing or invalid admin key"},
-    403: {"model": ErrorResponse, "description": "Not allowed for a tenant admin"},
-    404: {"model": ErrorResponse, "description": "No such object (or another tenant's)"},
-}
+ERROR_RESPONSES = error_responses(
+    {
+        400: "Invalid request",
+        401: "Missing or invalid admin key",
+        403: "Not allowed for a tenant admin",
+        404: "No such object (or another tenant's)",
+    }
+)
