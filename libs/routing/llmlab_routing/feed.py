@@ -19,6 +19,20 @@ from llmlab_routing.state import LiveState
 log = logging.getLogger(__name__)
 
 
+def parse_heartbeat(topo: Topology, subject: str, data: bytes) -> Heartbeat | None:
+    """A heartbeat as the registries take it: valid, and on its own worker's subject (one that
+    names another worker or pool would speak for someone else); None (logged) otherwise."""
+    try:
+        hb = Heartbeat.model_validate_json(data)
+    except ValidationError:
+        log.warning("malformed heartbeat dropped from %s", subject)
+        return None
+    if not topo.heartbeat_matches(subject, hb.pool, hb.worker_id):
+        log.warning("heartbeat of %s/%s on %s dropped: not its subject", hb.pool[:64], hb.worker_id[:64], subject)
+        return None
+    return hb
+
+
 class LiveFeed:
     def __init__(
         self, nc: NATS, js: JetStreamContext, topo: Topology, state: LiveState, heartbeats: bool = True
@@ -50,17 +64,9 @@ class LiveFeed:
         self._subs.clear()
 
     async def _on_heartbeat(self, msg: Msg) -> None:
-        try:
-            hb = Heartbeat.model_validate_json(msg.data)
-        except ValidationError:
-            log.warning("malformed heartbeat dropped from %s", msg.subject)
-            return
-        if not self.topo.heartbeat_matches(msg.subject, hb.pool, hb.worker_id):
-            log.warning(
-                "heartbeat of %s/%s on %s dropped: not its subject", hb.pool[:64], hb.worker_id[:64], msg.subject
-            )
-            return
-        self.state.on_heartbeat(hb)
+        hb = parse_heartbeat(self.topo, msg.subject, msg.data)
+        if hb is not None:
+            self.state.on_heartbeat(hb)
 
     async def _on_event(self, msg: Msg) -> None:
         try:

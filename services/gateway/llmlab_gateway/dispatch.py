@@ -21,7 +21,6 @@ from llmlab_common.messages import (
     AliveReply,
     AttemptEvent,
     CancelRequest,
-    Heartbeat,
     InferenceRequest,
     RequestEvent,
     RouteTarget,
@@ -34,6 +33,7 @@ from llmlab_common.messages import (
 from llmlab_common.metrics import Metrics
 from llmlab_common.natsio import TOKEN_SUB_PENDING_BYTES, TOKEN_SUB_PENDING_MSGS
 from llmlab_common.subjects import Topology, attempt_event_msg_id, attempt_msg_id, request_event_msg_id
+from llmlab_routing.feed import parse_heartbeat
 from llmlab_routing.state import LiveState
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -309,17 +309,9 @@ class NatsDispatcher:
             await msg.respond(reply.model_dump_json().encode())
 
     async def _on_heartbeat(self, msg: Msg) -> None:
-        try:
-            hb = Heartbeat.model_validate_json(msg.data)
-        except ValidationError:
-            log.warning("malformed heartbeat dropped from %s", msg.subject)
-            return
-        if not self.topo.heartbeat_matches(msg.subject, hb.pool, hb.worker_id):
-            log.warning(
-                "heartbeat of %s/%s on %s dropped: not its subject", hb.pool[:64], hb.worker_id[:64], msg.subject
-            )
-            return
-        self.registry.on_heartbeat(hb)
+        hb = parse_heartbeat(self.topo, msg.subject, msg.data)
+        if hb is not None:
+            self.registry.on_heartbeat(hb)
 
     async def _sweep_loop(self) -> None:
         while True:

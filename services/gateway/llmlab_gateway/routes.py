@@ -21,7 +21,7 @@ from llmlab_gateway.sse import FastHandler
 _AUTH_ERRORS = {401: "Missing, invalid or revoked API key", 503: "The budget service is unavailable"}
 _MODEL_ERRORS = {**_AUTH_ERRORS, 404: "Unknown model"}
 # A completion answers one JSON body, or an SSE stream with "stream": true.
-_COMPLETION_OK = {
+_COMPLETION_OK: dict[int | str, dict[str, Any]] = {
     200: {
         "description": 'The completion: one JSON body, or with "stream": true a text/event-stream of chunks',
         "content": {"application/json": {}, "text/event-stream": {}},
