@@ -16,7 +16,7 @@ from llmlab_common.messages import ReserveReply, RouteReply
 from llmlab_common.natsio import connect
 from llmlab_common.subjects import Topology
 from llmlab_testkit.budget import BudgetAdmin
-from llmlab_testkit.e2e import LLAMA, accounting_sql, client, metric
+from llmlab_testkit.e2e import LLAMA, accounting_sql, client, edited_json, metric
 from llmlab_testkit.procs import ManagedProcess, Stack, url
 from nats.aio.msg import Msg
 
@@ -40,13 +40,7 @@ def _attempt(request_id: str, **changes: Any) -> bytes:
         "created_at": time.time(),
         "ended_at": time.time(),
     }
-    for path, value in changes.items():
-        *parents, leaf = path.split("__")
-        node = body
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return json.dumps(body).encode()
+    return edited_json(json.dumps(body), **changes)
 
 
 def _garbage(marker: str) -> list[bytes]:

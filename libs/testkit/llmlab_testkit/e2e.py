@@ -56,6 +56,19 @@ def accounting_sql(acc: ManagedProcess | str, query: str) -> list[list[Any]]:
     return r.json()["rows"]
 
 
+def edited_json(data: bytes | str, **changes: Any) -> bytes:
+    """A JSON document with some values replaced, by path (``usage__prompt_tokens`` is
+    ``doc["usage"]["prompt_tokens"]``): poison and out-of-range events for the tests."""
+    doc = json.loads(data)
+    for path, value in changes.items():
+        *parents, leaf = path.split("__")
+        node = doc
+        for key in parents:
+            node = node[key]
+        node[leaf] = value
+    return json.dumps(doc).encode()
+
+
 def sim_stats(sim: ManagedProcess) -> dict[str, object]:
     return httpx.get(url(sim) + "/sim/stats", timeout=5).json()
 

@@ -3,7 +3,6 @@ dead-lettered alone; the rest of its batch is stored and ingest goes on."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 import pytest
@@ -13,19 +12,13 @@ from llmlab_accounting.isolate import Refused, StoreDown, insert_isolating
 from llmlab_accounting.service import Batch
 from llmlab_common.catalog import Catalog
 from llmlab_common.messages import AttemptEvent
+from llmlab_testkit.e2e import edited_json
 
 pytestmark = pytest.mark.unit
 
 
 def _poisoned(ev: AttemptEvent, **changes: object) -> bytes:
-    d = json.loads(ev.model_dump_json())
-    for path, value in changes.items():
-        *parents, leaf = path.split("__")
-        node = d
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return json.dumps(d).encode()
+    return edited_json(ev.model_dump_json(), **changes)
 
 
 def test_a_value_no_column_holds_fails_only_its_event(

@@ -22,6 +22,7 @@ from llmlab_common.metrics import Metrics
 from llmlab_common.natsio import connect, delete_streams, ensure_streams
 from llmlab_common.settings import DEFAULT_CATALOG
 from llmlab_common.subjects import Topology
+from llmlab_testkit.e2e import edited_json
 from llmlab_testkit.procs import unique_namespace
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -219,7 +220,6 @@ async def test_a_poison_event_is_dead_lettered_and_ingest_goes_on(
 ) -> None:
     """Catches: an event with a value no column holds (prompt_tokens past int64) killing the
     commit loop while /ready stayed green (dd4f538): every event after it waited forever."""
-    import json
 
     nc, topo = nats_ns
     js = nc.jetstream()
@@ -229,10 +229,9 @@ async def test_a_poison_event_is_dead_lettered_and_ingest_goes_on(
         dead.append((msg.data, (msg.headers or {}).get("Llmlab-Reason", "")))
 
     sub = await nc.subscribe(topo.dead_letter_subject, cb=on_dead)
-    poison = json.loads(attempt_factory("poison").model_dump_json())
-    poison["usage"]["prompt_tokens"] = 10**20
+    poison = edited_json(attempt_factory("poison").model_dump_json(), usage__prompt_tokens=10**20)
     await js.publish(topo.attempt_event_subject, attempt_factory("before").model_dump_json().encode())
-    await js.publish(topo.attempt_event_subject, json.dumps(poison).encode())
+    await js.publish(topo.attempt_event_subject, poison)
     for i in range(5):
         await js.publish(topo.attempt_event_subject, attempt_factory(f"after{i}").model_dump_json().encode())
     store = ClickHouseStore.open(data_dir=tmp_path / "chdb")

@@ -25,6 +25,7 @@ from llmlab_common.errors import (
     LLMLabError,
     RateLimited,
 )
+from llmlab_common.expiring import ExpiringSet
 from llmlab_common.messages import AttemptEvent, RequestEvent, ReserveReply, ReserveRequest
 
 from llmlab_budget.metrics import BudgetMetrics
@@ -100,7 +101,7 @@ class BudgetService:
         self.clock = clock
         self.tz = ZoneInfo(settings.timezone)
         self._cache: dict[str, Resolved] = {}
-        self._unknown: dict[str, float] = {}  # key hash -> monotonic time its "unknown" expires
+        self._unknown = ExpiringSet(settings.unknown_key_cache_ttl_s, settings.unknown_key_cache_size)
 
     # -- authentication ------------------------------------------------------------------------
     async def resolve(self, key_sha256: str) -> Resolved | None:
@@ -111,16 +112,13 @@ class BudgetService:
         hit = self._cache.get(key_sha256)
         if hit is not None and hit.expires > now:
             return hit
-        unknown_until = self._unknown.get(key_sha256)
-        if unknown_until is not None:
-            if unknown_until > now:
-                self.m.unknown_key_cache_hits.inc()
-                return None
-            del self._unknown[key_sha256]
+        if key_sha256 in self._unknown:
+            self.m.unknown_key_cache_hits.inc()
+            return None
         identity = await self.directory.identity_for_key_hash(key_sha256)
         if identity is None:
             self._cache.pop(key_sha256, None)
-            self._remember_unknown(key_sha256, now)
+            self._unknown.add(key_sha256)
             return None
         plan = self.catalog.plans.get(identity.plan)
         if plan is None:
@@ -138,14 +136,6 @@ class BudgetService:
             self._cache.clear()  # crude bound: the cache is an optimisation, not state
         self._cache[key_sha256] = resolved
         return resolved
-
-    def _remember_unknown(self, key_sha256: str, now: float) -> None:
-        ttl = self.settings.unknown_key_cache_ttl_s
-        if ttl <= 0:
-            return
-        while len(self._unknown) >= self.settings.unknown_key_cache_size:
-            del self._unknown[next(iter(self._unknown))]  # insertion order: the oldest
-        self._unknown[key_sha256] = now + ttl
 
     # -- reserve -------------------------------------------------------------------------------
     async def reserve(self, req: ReserveRequest) -> ReserveReply:

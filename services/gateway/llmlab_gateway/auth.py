@@ -8,14 +8,13 @@ budgets) and :class:`llmlab_gateway.budget_client.BudgetAdmitter` implement it.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from llmlab_common import rules
 from llmlab_common.codes import Code
 from llmlab_common.errors import AuthenticationFailed
+from llmlab_common.expiring import ExpiringSet
 from llmlab_common.messages import Endpoint, Principal
 from llmlab_common.tokens import PromptEstimate
 
@@ -43,31 +42,20 @@ class Admitter(Protocol):
     async def admit(self, api_key: str | None, req: AdmissionRequest) -> Admission: ...
 
 
-class RefusedKeys:
+class RefusedKeys(ExpiringSet):
     """API keys the budget refused (unknown or revoked) in the last ``ttl_s``, by SHA-256: the
     next request with one is refused before its body is read or parsed, and costs no budget round
     trip. Bounded (the oldest go first); a key created or restored meanwhile works after ttl_s."""
 
-    def __init__(self, ttl_s: float = 2.0, size: int = 100_000, clock: Callable[[], float] = time.monotonic) -> None:
-        self.ttl_s, self.size, self.clock = ttl_s, size, clock
-        self._until: dict[str, float] = {}
+    def __init__(self, ttl_s: float = 2.0, size: int = 100_000) -> None:
+        super().__init__(ttl_s, size)
 
     def refused(self, api_key: str) -> bool:
-        sha = rules.hash_key(api_key)
-        until = self._until.get(sha)
-        if until is None:
-            return False
-        if until > self.clock():
-            return True
-        del self._until[sha]
-        return False
+        # Empty (no bad key lately): no hash on the hot path.
+        return len(self) > 0 and rules.hash_key(api_key) in self
 
     def remember(self, api_key: str) -> None:
-        if self.ttl_s <= 0:
-            return
-        while len(self._until) >= self.size:
-            del self._until[next(iter(self._until))]
-        self._until[rules.hash_key(api_key)] = self.clock() + self.ttl_s
+        self.add(rules.hash_key(api_key))
 
 
 def require_key(api_key: str | None) -> str:
