@@ -23,26 +23,26 @@ from typing import Any
 
 import httpx
 import pytest
+import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from llmlab_testkit.budget import DEV_ADMIN_KEY
 from llmlab_testkit.e2e import LLAMA
 from llmlab_testkit.fixtures import DEV_KEY
 from llmlab_testkit.procs import Stack, url
+from schemathesis.core.parameters import ParameterLocation
+from schemathesis.specs.openapi.checks import ignored_auth, positive_data_acceptance
 
-schemathesis = pytest.importorskip("schemathesis")
 pytestmark = pytest.mark.e2e
 EXAMPLES = int(os.environ.get("LLMLAB_FUZZ_EXAMPLES", "25"))
 # Every case carries a valid key (so that it reaches the handlers); the "invalid auth accepted"
 # check would read that as ignoring the generated one. Authentication is tested on its own (401
 # for missing, wrong and revoked keys on each API: test_failure_modes, test_admin_api, test_report).
-_checks = pytest.importorskip("schemathesis.specs.openapi.checks")
-ParameterLocation = pytest.importorskip("schemathesis.core.parameters").ParameterLocation
-EXCLUDED = [_checks.ignored_auth]
+EXCLUDED = [ignored_auth]
 # The accounting API takes SQL (and attribution windows bounded by their length): only ClickHouse
 # can judge a statement, so a schema-valid body is not a promise of acceptance there. Its 5xx,
 # documented statuses and response shapes are still checked.
-SQL_EXCLUDED = [*EXCLUDED, _checks.positive_data_acceptance]
+SQL_EXCLUDED = [*EXCLUDED, positive_data_acceptance]
 # The completion routes refuse, beyond their schema, a prompt plus max_tokens past the model's
 # context (the catalog's) and JSON nested past 32 levels (stated on the routes): a schema-valid
 # body may be refused there, so that check is off for them only.
@@ -67,7 +67,7 @@ def _fuzz(
         for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
             try:
                 negative = mode == schemathesis.GenerationMode.NEGATIVE
-                skip = [*excluded, _checks.positive_data_acceptance] if op.label in SEMANTIC else excluded
+                skip = [*excluded, positive_data_acceptance] if op.label in SEMANTIC else excluded
                 _runner(op.as_strategy(generation_mode=mode), client, base, key, seen, skip, model, negative)()
             except Unsatisfiable:  # nothing can be invalid (GET /v1/models takes no input)
                 seen.setdefault("no_negative_cases", True)
