@@ -366,7 +366,7 @@ class _RedisLoad:
                 tools_exempt=0,
                 now=now,
                 windows=Windows.at(now, self.tz),
-                expires_at=now + 600,
+                hold_s=600,
             )
             t2 = time.perf_counter()
             if r.status != "ok":

@@ -365,8 +365,11 @@ class ReserveRequest(_RequestMsg):
     input_tokens: int = Field(default=0, ge=0)
     tool_tokens: int = Field(default=0, ge=0)
     requested_max_tokens: int | None = Field(default=None, ge=1)
-    # When the gateway gives up on the request; an unsettled reservation is reaped after it.
+    # When the gateway gives up on the request (its clock); an unsettled reservation is reaped after it.
     deadline: float = 0.0
+    # The same as a duration from sending: the budget counts it on Redis's clock, so no
+    # gateway's or replica's clock is compared with another's. 0: fall back to the deadline.
+    timeout_s: float = Field(default=0.0, ge=0, le=86400)
 
 
 class ReserveReply(_RequestMsg):

@@ -52,12 +52,14 @@ class Ledger:
         tools_exempt: int,
         now: float,
         windows: Windows,
-        expires_at: float,
+        hold_s: float,
     ) -> Reservation:
+        """``hold_s``: how long the reservation may stay open before the reaper releases it,
+        counted on Redis's clock (the expiry is Redis TIME + hold_s)."""
         argv: list[Any] = [
             request_id,
             repr(now),
-            repr(expires_at),
+            repr(hold_s),
             windows.day,
             windows.month,
             windows.minute,
@@ -70,7 +72,7 @@ class Ledger:
             DAY_TTL_S,
             MONTH_TTL_S,
             MINUTE_TTL_S,
-            max(60, math.ceil(expires_at - now)) + self.settled_ttl_s,
+            max(60, math.ceil(hold_s)) + self.settled_ttl_s,
         ]
         for scope, scope_id in identity.scopes():
             lim = limits[scope]
@@ -120,11 +122,11 @@ class Ledger:
         )
         return Closed(_s(r[0]), int(r[1]), int(r[2]))
 
-    async def reap(self, now: float, limit: int = REAP_BATCH) -> list[str]:
-        """Release reservations past their expiry; returns their request ids."""
+    async def reap(self, limit: int = REAP_BATCH) -> list[str]:
+        """Release reservations past their expiry (by Redis's clock); returns their request ids."""
         ids = await self._reap(
             keys=[self.layout.reservation_expiry],
-            args=[repr(now), limit, self.layout.reservation(""), self.settled_ttl_s],
+            args=[limit, self.layout.reservation(""), self.settled_ttl_s],
         )
         return [_s(i) for i in ids]
 

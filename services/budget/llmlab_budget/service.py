@@ -51,7 +51,7 @@ class LedgerPort(Protocol):
         tools_exempt: int,
         now: float,
         windows: Windows,
-        expires_at: float,
+        hold_s: float,
     ) -> Reservation: ...
 
     async def close(
@@ -65,7 +65,7 @@ class LedgerPort(Protocol):
         tombstone: bool = False,
     ) -> Closed: ...
 
-    async def reap(self, now: float, limit: int = REAP_BATCH) -> list[str]: ...
+    async def reap(self, limit: int = REAP_BATCH) -> list[str]: ...
 
 
 class DirectoryPort(Protocol):
@@ -176,7 +176,7 @@ class BudgetService:
             tools_exempt=0 if policy.count_tools else req.tool_tokens,
             now=now,
             windows=windows,
-            expires_at=max(req.deadline, now) + self.settings.reservation_grace_s,
+            hold_s=self._hold_s(req, now),
         )
         if not r.ok:
             raise self._refusal(r, input_tokens, want, windows, now)
@@ -191,6 +191,12 @@ class BudgetService:
             max_tokens=r.output_tokens,
             reserved_tokens=r.reserved_tokens,
         )
+
+    def _hold_s(self, req: ReserveRequest, now: float) -> float:
+        """How long the reservation may stay open: the gateway's timeout as a duration (its
+        deadline is on its own clock, which this replica's need not match) plus the grace."""
+        left = req.timeout_s if req.timeout_s > 0 else max(req.deadline - now, 0.0)
+        return left + self.settings.reservation_grace_s
 
     @staticmethod
     def _refusal(r: Reservation, input_tokens: int, want: int, w: Windows, now: float) -> LLMLabError:
@@ -276,7 +282,7 @@ class BudgetService:
     async def reap(self) -> list[str]:
         released: list[str] = []
         while True:
-            ids = await self.ledger.reap(self.clock(), REAP_BATCH)
+            ids = await self.ledger.reap(REAP_BATCH)
             released += ids
             if len(ids) < REAP_BATCH:  # a short batch: nothing more is due
                 break

@@ -30,7 +30,9 @@ async def setup(redis: Redis, layout: Layout) -> Ledger:
     return Ledger(redis, layout, settled_ttl_s=3600)
 
 
-async def reserve(ledger: Ledger, rid: str, lim: dict, *, inp: int = 100, out: int = 500, now: float = NOW, **pol):
+async def reserve(
+    ledger: Ledger, rid: str, lim: dict, *, inp: int = 100, out: int = 500, now: float = NOW, hold: float = 60, **pol
+):
     return await ledger.reserve(
         rid,
         IDENT,
@@ -41,7 +43,7 @@ async def reserve(ledger: Ledger, rid: str, lim: dict, *, inp: int = 100, out: i
         tools_exempt=0,
         now=now,
         windows=Windows.at(now, UTC),
-        expires_at=now + 60,
+        hold_s=hold,
     )
 
 
@@ -173,9 +175,14 @@ async def test_tpm_counts_actual_after_settle(redis_layout):
 async def test_reaper_releases_expired(redis_layout):
     redis, layout = redis_layout
     ledger = await setup(redis, layout)
-    await reserve(ledger, "r1", limits(daily_tokens=10_000))
-    assert await ledger.reap(NOW + 30) == []
-    assert await ledger.reap(NOW + 61) == ["r1"]
+    await reserve(ledger, "r1", limits(daily_tokens=10_000), hold=60)
+    assert await ledger.reap() == []
+    sec, usec = await redis.time()  # the expiry is on Redis's clock, whatever the caller's `now`
+    expires_at = float((await ledger.reservation("r1"))["expires_at"])
+    assert sec + usec / 1e6 + 59 < expires_at <= sec + usec / 1e6 + 60
+    await reserve(ledger, "r2", limits(daily_tokens=10_000), hold=0)
+    assert await ledger.reap() == ["r2"]
+    await ledger.close("r1", "released", now=NOW)
     assert await day_used(redis, layout) == {"reserved": 0, "used": 0}
 
 
@@ -185,8 +192,8 @@ async def test_a_settle_after_the_release_still_charges_once(redis_layout):
     nothing), and a late charge applied twice."""
     redis, layout = redis_layout
     ledger = await setup(redis, layout)
-    await reserve(ledger, "r1", limits(daily_tokens=10_000))
-    assert await ledger.reap(NOW + 61) == ["r1"]
+    await reserve(ledger, "r1", limits(daily_tokens=10_000), hold=0)
+    assert await ledger.reap() == ["r1"]
     late = await ledger.close("r1", "settled", input_tokens=5, output_tokens=7, now=NOW + 70)
     assert (late.status, late.charged) == ("late", 12)
     assert await day_used(redis, layout) == {"reserved": 0, "used": 12}
@@ -222,7 +229,7 @@ async def test_window_rolls_over_at_configured_midnight(redis_layout):
     async def res(rid: str, now: float):
         return await ledger.reserve(
             rid, IDENT, lim, PlanBudget(reserve_tokens=0), input_tokens=100, output_tokens=900,
-            tools_exempt=0, now=now, windows=Windows.at(now, seoul), expires_at=now + 60,
+            tools_exempt=0, now=now, windows=Windows.at(now, seoul), hold_s=60,
         )  # fmt: skip
 
     assert (await res("a", before)).output_tokens == 900

@@ -3,6 +3,7 @@ policy and the injectable clock."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import hashlib
 from pathlib import Path
@@ -197,3 +198,35 @@ async def test_the_gateways_give_up_on_a_slow_reserve_frees_the_slot_it_would_ta
     assert (await svc.settle_request(gave_up)).status == "missing"
     await svc.reserve(req(sha, rid="slow"))  # the late reserve: a duplicate of a closed request
     assert (await svc.reserve(req(sha, rid="next"))).error is None  # the one slot is free
+
+
+async def test_expiry_is_on_one_clock_whatever_the_replicas_and_gateways_clocks_say(redis_layout) -> None:
+    """Catches: the reaper comparing the gateway's deadline with each budget replica's wall clock
+    (dd4f538). Here replica A's clock is days behind, replica B's an hour ahead, and the
+    gateway's deadline is on a clock days behind: B must not release A's live reservation, and a
+    reservation must still expire when its timeout (a duration) has passed on Redis's clock."""
+    svc_a, _, directory, _, sha = await setup(redis_layout)
+    redis, layout = redis_layout
+    wall = float((await redis.time())[0])
+
+    def replica(clock: float, grace_s: float) -> BudgetService:
+        return BudgetService(
+            BudgetSettings(identity_cache_ttl_s=0, reservation_grace_s=grace_s), CATALOG, directory,
+            Ledger(redis, layout, 3600), BudgetMetrics(Metrics("test")), clock=Clock(clock),
+        )  # fmt: skip
+
+    svc_b = replica(wall + 3600, 30)
+    # The gateway's clock is an hour behind replica A's: its deadline (60 s away by its clock)
+    # is already past by A's, so only the duration says how long the reservation lives.
+    behind = req(sha, rid="live", timeout_s=60).model_copy(update={"deadline": NOON - 3600 + 60})
+    assert (await svc_a.reserve(behind)).error is None
+    sec, usec = await redis.time()
+    expires_at = float((await svc_a.ledger.reservation("live"))["expires_at"])  # type: ignore[attr-defined]
+    assert sec + usec / 1e6 + 89 < expires_at <= sec + usec / 1e6 + 90  # 60 s timeout + 30 s grace
+    assert await svc_b.reap() == []
+    assert (await svc_a.ledger.reservation("live"))["state"] == "reserved"  # type: ignore[attr-defined]
+    svc_short = replica(NOON, 0)  # a replica days behind, no grace
+    assert (await svc_short.reserve(req(sha, rid="short", timeout_s=0.05))).error is None
+    await asyncio.sleep(0.2)
+    assert await svc_short.reap() == ["short"]
+    assert (await svc_a.ledger.reservation("live"))["state"] == "reserved"  # type: ignore[attr-defined]

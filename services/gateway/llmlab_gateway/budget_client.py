@@ -3,6 +3,8 @@ reserve in one atomic step there). Fails closed: no budget service, no admission
 
 from __future__ import annotations
 
+import time
+
 from llmlab_common import rules
 from llmlab_common.codes import Code
 from llmlab_common.errors import LLMLabError, ServiceUnavailable, error_from_info
@@ -40,6 +42,7 @@ class BudgetAdmitter:
                 tool_tokens=req.prompt.tool_tokens,
                 requested_max_tokens=req.requested_max_tokens,
                 deadline=req.deadline,
+                timeout_s=max(0.0, req.deadline - time.time()),
             )
         )
         assert reply.principal is not None

@@ -1,7 +1,8 @@
 -- Authenticate-and-reserve for one request, atomically over every scope and window.
 -- KEYS: reservation, expiry zset, the API key's record (revocation is checked here, so it
 --       takes effect for the very next request).
--- ARGV: 1 request_id, 2 now, 3 expires_at, 4 day, 5 month, 6 minute, 7 input tokens,
+-- ARGV: 1 request_id, 2 now, 3 hold seconds (the reservation expires that long after Redis's
+--       own TIME: one clock for every replica's reaper), 4 day, 5 month, 6 minute, 7 input tokens,
 --       8 requested output tokens, 9 reserve_tokens (margin), 10 min_output_tokens,
 --       11 on_short ('clamp'|'refuse'), 12 tools_exempt (input tokens not charged at settle),
 --       13 day ttl, 14 month ttl, 15 minute ttl, 16 reservation ttl,
@@ -17,7 +18,7 @@ local revoked = redis.call('HGET', keyrec, 'revoked_at')
 if revoked == false then return {'unknown_key', '', 0, ''} end
 if revoked ~= '' then return {'revoked', '', 0, ''} end
 
-local rid, now, exp = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local rid, now = ARGV[1], ARGV[2]
 local day, month, minute = ARGV[4], ARGV[5], ARGV[6]
 local input, want = tonumber(ARGV[7]), tonumber(ARGV[8])
 local margin, minout, onshort = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11]
@@ -80,9 +81,11 @@ for _, s in ipairs(scopes) do
   redis.call('INCR', s.stem .. ':conc')
   stems[#stems + 1] = s.stem
 end
+local t = redis.call('TIME')
+local exp = tonumber(t[1]) + tonumber(t[2]) / 1e6 + tonumber(ARGV[3])
 redis.call('HSET', res, 'state', 'reserved', 'input', input, 'output', out, 'total', total,
   'tools_exempt', ARGV[12], 'day', day, 'month', month, 'minute', minute,
-  'stems', table.concat(stems, '|'), 'created_at', now, 'expires_at', ARGV[3])
+  'stems', table.concat(stems, '|'), 'created_at', now, 'expires_at', exp)
 redis.call('EXPIRE', res, ARGV[16])
 redis.call('ZADD', expiry, exp, rid)
 return {'ok', out, total}
