@@ -1,6 +1,6 @@
-"""NATS as a trust boundary: the whole stack on a nats-server with one user per role
-(llmlab_common.natsauth), serving requests without a single permission violation, and each
-forgery of the hardening review refused by the server."""
+"""NATS as a trust boundary: the whole stack on a nats-server with one user per role and
+processes' own users (llmlab_common.natsauth), serving requests without a single permission
+violation, and each forgery of the hardening review refused by the server."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import nats
 import nats.errors
 import pytest
-from llmlab_common.natsauth import inbox_prefix
+from llmlab_common.natsauth import ROLES, inbox_prefix
 from llmlab_common.natsio import ensure_streams, stream_configs
 from llmlab_common.subjects import Topology
 from llmlab_testkit.budget import BudgetAdmin
@@ -22,6 +22,8 @@ from llmlab_testkit.procs import Stack, unique_namespace, url
 from nats.aio.client import Client as NATS
 
 pytestmark = pytest.mark.e2e
+# Processes' own users (<role>.<id>): narrowed to their id.
+PROCESS_USERS = ("gateway.gw-a", "gateway.gw-b", "worker.w-1")
 
 
 @pytest.fixture
@@ -29,7 +31,7 @@ def secure(tmp_path: Path) -> Iterator[tuple[AuthNats, Topology]]:
     if nats_server_binary() is None:  # the machine's NATS package provides it: never skipped silently
         pytest.fail("nats-server binary not found")
     ns = unique_namespace()
-    srv = start_auth_nats(tmp_path / "nats", ns)
+    srv = start_auth_nats(tmp_path / "nats", ns, [*ROLES, *PROCESS_USERS])
     try:
         yield srv, Topology(ns)
     finally:
@@ -50,18 +52,21 @@ async def _as(srv: AuthNats, role: str, errors: list[str]) -> NATS:
     )
 
 
-async def test_the_whole_stack_runs_on_role_users_without_a_violation(secure: tuple[AuthNats, Topology]) -> None:
+async def test_the_whole_stack_runs_on_its_users_without_a_violation(secure: tuple[AuthNats, Topology]) -> None:
     """Catches: a permission the stack needs and the contract lacks (a service that cannot pull,
-    ack, reply or create its consumer), and a process that still connects unauthenticated."""
+    ack, reply or create its consumer), a process that still connects unauthenticated, and a
+    process user narrowed too far to serve. The gateway and the worker run on their own
+    process users, budget, router and accounting on their roles'."""
     srv, topo = secure
     stack = Stack(namespace=topo.namespace, nats_url=srv.url, nats_passwords=srv.passwords)
     try:
         sim = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=5, output_len=8)
-        stack.worker("vllm", "gpu-vllm", url(sim))
+        worker = stack.worker("vllm", "gpu-vllm", url(sim), worker_id="w-1")
         budget = stack.budget()
         stack.router()
         acc = stack.accounting(env={"LLMLAB_ACCOUNTING_FLUSH_INTERVAL_S": "0.2"})
-        gw = stack.gateway(auth="budget", router="service")
+        gw = stack.gateway(auth="budget", router="service", env={"LLMLAB_GATEWAY_GATEWAY_ID": "gw-a"})
+        assert (gw.env["LLMLAB_NATS_USER"], worker.env["LLMLAB_NATS_USER"]) == ("gateway.gw-a", "worker.w-1")
         key = BudgetAdmin(url(budget)).provision("pro").api_key
         c = client(gw, key)
         r = await c.chat.completions.create(model=LLAMA, messages=[{"role": "user", "content": "hi"}], max_tokens=5)
@@ -118,6 +123,7 @@ async def test_each_forgery_of_the_review_is_refused(secure: tuple[AuthNats, Top
         ("worker", f"$JS.API.STREAM.DELETE.{topo.events_stream}", "delete the events stream"),
         ("gateway", f"$JS.API.STREAM.PURGE.{topo.events_stream}", "purge the billing events"),
         ("router", f"$JS.API.STREAM.UPDATE.{topo.events_stream}", "shrink the events stream"),
+        ("worker.w-1", topo.heartbeat_subject("gpu-vllm", "w-2"), "heartbeat as another worker"),
     ]
     for _, subject, _ in forged_publishes:
         await watch(subject)
@@ -127,6 +133,9 @@ async def test_each_forgery_of_the_review_is_refused(secure: tuple[AuthNats, Top
         ("budget", f"{ns}.tok.>", "read every stream's text"),
         ("accounting", topo.pool_subject("gpu-vllm"), "read prompts"),
         ("worker", f"{inbox_prefix('gateway')}.>", "read the gateway's replies (principals)"),
+        ("gateway.gw-b", f"{ns}.tok.gw-a.>", "read another gateway's streams"),
+        ("gateway.gw-b", f"{inbox_prefix('gateway.gw-a')}.>", "read another gateway's replies"),
+        ("worker.w-1", f"{inbox_prefix('worker')}.>", "read other workers' replies"),
     ]
     await observer.flush()
     for role, subject, why in forged_publishes:

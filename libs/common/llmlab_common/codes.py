@@ -56,6 +56,7 @@ class Code(StrEnum):
     INSUFFICIENT_QUOTA = "insufficient_quota"  # a daily or monthly token budget
     QUEUE_TIMEOUT = "queue_timeout"  # no worker took the request within the queue timeout
     OVERLOADED = "overloaded"  # the budget service sheds load
+    AUTHENTICATION_FAILURES = "too_many_authentication_failures"  # per client address (authguard)
     # -- 5xx -------------------------------------------------------------------------------------
     INTERNAL_ERROR = "internal_error"
     HTTP_ERROR = "http_error"  # any other HTTP status the web framework raised

@@ -29,6 +29,9 @@ class ExpiringSet:
         del self._until[item]
         return False
 
+    def discard(self, item: Hashable) -> None:
+        self._until.pop(item, None)
+
     def add(self, item: Hashable) -> None:
         if self.ttl_s <= 0:
             return

@@ -18,9 +18,15 @@ What the roles may do, and the forgeries that are refused because of it:
   ``admin``'s alone.
 
 Each role's replies come to its own inbox prefix (``_INBOX_<role>``, set by
-:func:`llmlab_common.natsio.connect`), so a role cannot read another role's replies. Within a
-role, processes share permissions (a gateway can read another gateway's tokens): a per-process
-boundary needs one user per process (NKeys or JWTs), which this configuration does not make.
+:func:`llmlab_common.natsio.connect`), so a role cannot read another role's replies.
+
+**Users per process.** A role user is shared by every process of the role, so one gateway could
+read another's tokens and one worker could heartbeat as another. A user named ``<role>.<id>``
+(``gateway.gw-a``, ``worker.vllm-1``) is one process's: its permissions are its role's, narrowed
+to its own id: a gateway subscribes only to its own tokens (``<ns>.tok.<id>.>``) and alive
+probes, a worker publishes heartbeats only under its own id, and each reads only its own inbox
+(``_INBOX_<role>.<id>``). The gateway and workers refuse to start when their id is not the one
+their user names (:class:`llmlab_common.settings.ScalableSettings`).
 """
 
 from __future__ import annotations
@@ -29,18 +35,26 @@ import argparse
 import json
 import secrets
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from llmlab_common.subjects import Topology
+from llmlab_common.subjects import Topology, check_token
 
 ROLES = ("gateway", "worker", "budget", "router", "accounting", "admin")
 JS = "$JS.API"
 
 
-def inbox_prefix(role: str) -> str:
-    """Where a role's request replies and pulled messages arrive."""
-    return f"_INBOX_{role}"
+def inbox_prefix(user: str) -> str:
+    """Where a user's request replies and pulled messages arrive: ``_INBOX_<role>`` for a role
+    user, ``_INBOX_<role>.<id>`` for a process's user (inside its role's, which the role user reads)."""
+    return f"_INBOX_{user}"
+
+
+def split_user(user: str) -> tuple[str, str | None]:
+    """A NATS user's role and, for a process's own user (``<role>.<id>``), its id."""
+    role, _, ident = user.partition(".")
+    return role, ident or None
 
 
 def _js_common(topo: Topology) -> list[str]:
@@ -148,14 +162,38 @@ def permissions(topo: Topology) -> dict[str, dict[str, Any]]:
     return perms
 
 
+def permissions_for(topo: Topology, user: str) -> dict[str, Any]:
+    """The permissions of one user: its role's, narrowed to its id for a process's own user."""
+    role, ident = split_user(user)
+    if role not in ROLES:
+        raise ValueError(f"unknown NATS role {role!r} in user {user!r} (roles: {', '.join(ROLES)})")
+    perm = permissions(topo)[role]
+    if ident is None:
+        return perm
+    check_token(ident, "process id")
+    ns = topo.namespace
+    narrowed = {  # a gateway reads only its own tokens and alive probes; everyone only its own inbox
+        f"{ns}.tok.>": f"{ns}.tok.{ident}.>",
+        f"{ns}.ctl.alive.>": topo.alive_subject(ident),
+        f"{inbox_prefix(role)}.>": f"{inbox_prefix(user)}.>",
+    }
+    out = dict(perm)
+    out["subscribe"] = [narrowed.get(s, s) for s in perm["subscribe"]]
+    if role == "worker":  # a worker publishes tokens to every gateway, heartbeats only as itself
+        out["publish"] = [f"{ns}.hb.*.{ident}" if s == f"{ns}.hb.>" else s for s in perm["publish"]]
+    return out
+
+
 def server_config(
     topo: Topology, passwords: dict[str, str], *, port: int = 4222, store_dir: Path | None = None, host: str = ""
 ) -> str:
-    """A nats-server configuration: JetStream on, and one user per role with its permissions and
-    password (plain text here: keep the file private, or replace each with a bcrypt hash from
-    ``nats server passwd``, which nats-server accepts in the same place)."""
+    """A nats-server configuration: JetStream on, and one user per entry of ``passwords`` (a role,
+    or a process's ``<role>.<id>``) with its permissions and password (plain text here: keep the
+    file private, or replace each with a bcrypt hash from ``nats server passwd``, which
+    nats-server accepts in the same place)."""
     users = []
-    for role, perm in permissions(topo).items():
+    for role in passwords:
+        perm = permissions_for(topo, role)
         block: dict[str, Any] = {
             "publish": {"allow": perm["publish"]},
             "subscribe": {"allow": perm["subscribe"]},
@@ -173,19 +211,26 @@ def server_config(
     return "\n".join(lines) + "\n"
 
 
-def new_passwords() -> dict[str, str]:
-    return {role: secrets.token_urlsafe(24) for role in ROLES}
+def new_passwords(users: Sequence[str] = ROLES) -> dict[str, str]:
+    return {user: secrets.token_urlsafe(24) for user in users}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Write a nats-server configuration with one user per role.")
+    ap = argparse.ArgumentParser(description="Write a nats-server configuration with one user per role or process.")
     ap.add_argument("--namespace", default="llmlab")
     ap.add_argument("--port", type=int, default=4222)
     ap.add_argument("--store-dir", type=Path, default=None)
     ap.add_argument("--out", type=Path, required=True, help="the server configuration to write")
     ap.add_argument("--passwords", type=Path, required=True, help="where each role's password is written (JSON)")
+    ap.add_argument(
+        "--user",
+        action="append",
+        dest="users",
+        help="a role, or one process's user <role>.<id> (gateway.gw-a, worker.vllm-1); repeat it. "
+        f"Default: the roles ({', '.join(ROLES)})",
+    )
     args = ap.parse_args(argv)
-    passwords = new_passwords()
+    passwords = new_passwords(args.users or ROLES)
     for path, text in (
         (args.out, server_config(Topology(args.namespace), passwords, port=args.port, store_dir=args.store_dir)),
         (args.passwords, json.dumps(passwords, indent=2) + "\n"),

@@ -15,6 +15,8 @@ from typing import ClassVar, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from llmlab_common.natsauth import split_user
+
 # Relative paths resolve against the working directory: every command of this repository runs
 # from its root, and a deployment sets LLMLAB_CATALOG_PATH.
 DEFAULT_CATALOG = Path("configs") / "catalog.yaml"
@@ -65,6 +67,13 @@ class ServiceSettings(BaseSettings):
     port: int = 8000
     # How long SIGTERM waits for in-flight work before the process exits.
     drain_timeout_s: float = 30.0
+    # Authentication failures (401s) one client address may have per window before its
+    # requests are refused with 429 from their headers (llmlab_common.authguard); 0: no limit.
+    auth_max_failures: int = Field(default=30, ge=0)
+    auth_failure_window_s: float = Field(default=60.0, gt=0)
+    # Proxies in front of this process that append to X-Forwarded-For (0: the TCP peer is the
+    # client). Set it only when every request comes through them: the header is the client's to forge.
+    trusted_proxy_hops: int = Field(default=0, ge=0, le=8)
 
     @model_validator(mode="after")
     def _authenticated_nats_in_prod(self) -> ServiceSettings:
@@ -96,3 +105,17 @@ class ScalableSettings(ServiceSettings):
     # process_ops_port_base + i (0 = the first process): a scrape of the shared port reaches
     # whichever process the kernel picked, these reach one each. 0: no per-process ports.
     process_ops_port_base: int = Field(default=0, ge=0, le=65535)
+
+    @model_validator(mode="after")
+    def _nats_user_is_this_instance(self) -> ScalableSettings:
+        # A process's own NATS user (<role>.<id>, llmlab_common.natsauth) may only subscribe and
+        # publish under that id: another id would have its subscriptions refused at run time.
+        _, ident = split_user(self.infra.nats_user)
+        mine = getattr(self, self.instance_id_field, None) if self.instance_id_field else None
+        if ident is not None and mine is not None and ident != mine:
+            raise ValueError(
+                f"LLMLAB_NATS_USER {self.infra.nats_user!r} is the NATS user of {ident!r}, but this "
+                f"process's {self.instance_id_field} is {mine!r}: set the id to match (a process's own "
+                "user serves one process, so PROCESSES must be 1)"
+            )
+        return self

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from llmlab_common.messages import Heartbeat
-from llmlab_common.natsauth import ROLES, main, permissions, server_config
+from llmlab_common.natsauth import ROLES, main, permissions_for, server_config
 from llmlab_common.subjects import Topology
 from pydantic import ValidationError
 
@@ -15,9 +15,9 @@ pytestmark = pytest.mark.unit
 T = Topology("ns")
 
 
-def _may(role: str, kind: str, subject: str) -> bool:
+def _may(user: str, kind: str, subject: str) -> bool:
     """nats-server's matching: ``*`` one token, ``>`` the rest."""
-    for pattern in permissions(T)[role][kind]:
+    for pattern in permissions_for(T, user)[kind]:
         p, s = pattern.split("."), subject.split(".")
         if p[-1] == ">" and len(s) >= len(p) and all(a in ("*", b) for a, b in zip(p[:-1], s, strict=False)):
             return True
@@ -49,6 +49,22 @@ def _may(role: str, kind: str, subject: str) -> bool:
         ("worker", "subscribe", "_INBOX_worker.abc", True),
         ("budget", "publish", "$JS.ACK.NS_EVENTS.accounting.1.2.3", False),
         ("accounting", "publish", "$JS.ACK.NS_EVENTS.accounting.1.2.3", True),
+        # A process's own user: its role's permissions, narrowed to its id.
+        ("gateway.gw1", "subscribe", "ns.tok.gw1.r1", True),
+        ("gateway.gw1", "subscribe", "ns.tok.gw2.r1", False),
+        ("gateway.gw1", "subscribe", "ns.tok.>", False),
+        ("gateway.gw1", "subscribe", "ns.ctl.alive.gw1", True),
+        ("gateway.gw1", "subscribe", "ns.ctl.alive.gw2", False),
+        ("gateway.gw1", "subscribe", "_INBOX_gateway.gw1.x", True),
+        ("gateway.gw1", "subscribe", "_INBOX_gateway.gw2.x", False),
+        ("gateway.gw1", "subscribe", "ns.hb.gpu.w1", True),  # routing needs every heartbeat
+        ("gateway.gw1", "publish", "ns.req.pool.gpu", True),
+        ("worker.w1", "publish", "ns.hb.gpu.w1", True),
+        ("worker.w1", "publish", "ns.hb.gpu.w2", False),
+        ("worker.w1", "publish", "ns.tok.gw2.r1", True),  # tokens go to every gateway
+        ("worker.w1", "subscribe", "_INBOX_worker.w2.x", False),
+        ("budget.b1", "subscribe", "ns.budget.reserve", True),
+        ("budget.b1", "subscribe", "_INBOX_budget.b2.x", False),
     ],
 )
 def test_who_may_do_what(role: str, kind: str, subject: str, allowed: bool) -> None:
@@ -65,6 +81,11 @@ def test_the_config_names_every_role_with_its_password_and_jetstream(tmp_path: P
     assert main(["--namespace", "ns", "--out", str(tmp_path / "n.conf"), "--passwords", str(tmp_path / "p.json")]) == 0
     assert (tmp_path / "n.conf").stat().st_mode & 0o777 == 0o600
     assert sorted(json.loads((tmp_path / "p.json").read_text())) == sorted(ROLES)
+    argv = ["--out", str(tmp_path / "n.conf"), "--passwords", str(tmp_path / "p.json")]
+    assert main([*argv, "--user", "gateway.gw-a", "--user", "worker.w-1", "--user", "budget"]) == 0
+    assert sorted(json.loads((tmp_path / "p.json").read_text())) == ["budget", "gateway.gw-a", "worker.w-1"]
+    with pytest.raises(ValueError, match="unknown NATS role"):
+        server_config(T, {"gatway.gw-a": "x"})
 
 
 def test_a_heartbeat_must_come_on_its_own_subject_and_be_bounded() -> None:

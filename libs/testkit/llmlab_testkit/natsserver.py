@@ -8,10 +8,11 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmlab_common.natsauth import new_passwords, server_config
+from llmlab_common.natsauth import ROLES, new_passwords, server_config
 from llmlab_common.subjects import Topology
 
 from llmlab_testkit.procs import free_port
@@ -45,12 +46,13 @@ class AuthNats:
             self.proc.wait(5)
 
 
-def start_auth_nats(workdir: Path, namespace: str) -> AuthNats:
+def start_auth_nats(workdir: Path, namespace: str, users: Sequence[str] = ROLES) -> AuthNats:
+    """``users``: roles and processes' own users (``<role>.<id>``), one password each."""
     binary = nats_server_binary()
     if binary is None:
         raise RuntimeError("nats-server not found (the machine's NATS package provides it)")
     workdir.mkdir(parents=True, exist_ok=True)
-    port, passwords = free_port(), new_passwords()
+    port, passwords = free_port(), new_passwords(users)
     conf = workdir / "nats.conf"
     conf.write_text(
         server_config(Topology(namespace), passwords, port=port, store_dir=workdir / "js", host="127.0.0.1")

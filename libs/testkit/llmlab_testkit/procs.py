@@ -127,6 +127,8 @@ _ROLE_OF_MODULE = {
     "llmlab_router": "router",
     "llmlab_accounting": "accounting",
 }
+# Where the gateway and workers take their id (a process user is named after it).
+_ID_ENV = {"gateway": "LLMLAB_GATEWAY_GATEWAY_ID", "worker": "LLMLAB_WORKER_WORKER_ID"}
 
 
 @dataclass
@@ -138,8 +140,9 @@ class Stack:
     redis_url: str = os.environ.get("LLMLAB_REDIS_URL", "redis://127.0.0.1:6379/0")
     procs: list[ManagedProcess] = field(default_factory=list)
     python: str = sys.executable
-    # Role passwords of an authenticated NATS (llmlab_testkit.natsserver): each service then
-    # connects as its role (llmlab_common.natsauth); None: unauthenticated, as the machine's NATS.
+    # Passwords of an authenticated NATS's users (llmlab_testkit.natsserver): each service then
+    # connects as its role, or as its own process user <role>.<id> when there is one for its id
+    # (llmlab_common.natsauth); None: unauthenticated, as the machine's NATS.
     nats_passwords: dict[str, str] | None = None
     _workdir: Path | None = None
 
@@ -166,7 +169,10 @@ class Stack:
     ) -> ManagedProcess:
         role = _ROLE_OF_MODULE.get(module, "worker" if module.startswith("llmlab_worker") else "")
         if self.nats_passwords is not None and role:
-            env = {"LLMLAB_NATS_USER": role, "LLMLAB_NATS_PASSWORD": self.nats_passwords[role], **env}
+            # A process's own user (<role>.<id>) when the server has one for this id, else the role's.
+            ident = env.get(_ID_ENV.get(role, ""), "")
+            user = f"{role}.{ident}" if f"{role}.{ident}" in self.nats_passwords else role
+            env = {"LLMLAB_NATS_USER": user, "LLMLAB_NATS_PASSWORD": self.nats_passwords[user], **env}
         p = ManagedProcess(
             name,
             [python or self.python, "-m", module, *args],

@@ -11,13 +11,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Security
+from fastapi import APIRouter, FastAPI, Request, Security
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from llmlab_common import rules
 from llmlab_common.codes import Code
 from llmlab_common.errors import AuthenticationFailed, InvalidRequest, error_responses
+from llmlab_common.http import authenticate_first, authenticated_principal
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmlab_accounting.attribution import periods_covering
@@ -82,19 +83,35 @@ MAX_ATTRIBUTE_PERIODS = 1440  # one day of minute periods per call
 
 
 ERRORS = error_responses(
-    {400: "Invalid request, or a statement ClickHouse refused (its message)", 401: "Missing or invalid admin key"}
+    {
+        400: "Invalid request, or a statement ClickHouse refused (its message)",
+        401: "Missing or invalid admin key",
+        429: "Too many authentication failures from this address (Retry-After)",
+    }
 )
+
+
+def mount_admin_api(
+    app: FastAPI, store: Store, settings: AccountingSettings, attribute: AttributePeriod, prefix: str = "/admin/v1"
+) -> None:
+    """The routes, and the middleware that authenticates them from the headers first."""
+
+    async def authenticate(token: str) -> str:
+        if not rules.key_matches(token, settings.admin_key_sha256):
+            raise AuthenticationFailed("Invalid admin key.")
+        return "root"
+
+    app.include_router(admin_router(store, settings, attribute), prefix=prefix)
+    authenticate_first(app, prefix, authenticate, settings)
 
 
 def admin_router(store: Store, settings: AccountingSettings, attribute: AttributePeriod) -> APIRouter:
     router = APIRouter()
     bearer = HTTPBearer(auto_error=False, description="Admin key")
 
-    async def authenticate(creds: HTTPAuthorizationCredentials | None = Security(bearer)) -> None:
-        if creds is None or not creds.credentials:
-            raise AuthenticationFailed("Missing admin key: send 'Authorization: Bearer <admin key>'.")
-        if not rules.key_matches(creds.credentials, settings.admin_key_sha256):
-            raise AuthenticationFailed("Invalid admin key.")
+    async def authenticate(request: Request, _: HTTPAuthorizationCredentials | None = Security(bearer)) -> None:
+        # Authenticated by the AuthFirst middleware (mount_admin_api); Security documents the scheme.
+        authenticated_principal(request)
 
     @router.post("/query", response_model=QueryResponse, responses=ERRORS)
     async def query(body: QueryRequest, _: None = Security(authenticate)) -> JSONResponse:

@@ -18,7 +18,7 @@ from llmlab_common.natsio import connect_as, ensure_streams
 from llmlab_common.runtime import ServiceState, cancel_and_wait, ops_router
 from llmlab_common.subjects import Topology
 
-from llmlab_accounting.admin_api import admin_router
+from llmlab_accounting.admin_api import mount_admin_api
 from llmlab_accounting.decode import Decoder, tune_gc
 from llmlab_accounting.metrics import AccountingMetrics
 from llmlab_accounting.ports import Store
@@ -88,5 +88,5 @@ def create_app(settings: AccountingSettings) -> FastAPI:
         periods = app.state.service.attribute_period(t0, t1)
         return sum(p.period_usd for p in periods), sum(p.attributed_usd for p in periods)
 
-    app.include_router(admin_router(store, settings, attribute), prefix="/admin/v1")
+    mount_admin_api(app, store, settings, attribute)
     return app

@@ -142,7 +142,7 @@ class HeartbeatRow(TypedDict):
 
 
 def error_class(err: ErrorInfo) -> StatusClass:
-    if err.status in (401, 403):
+    if err.status in (401, 403) or err.code == Code.AUTHENTICATION_FAILURES:
         return "auth"
     if rules.is_budget_refusal(err):
         return "refused_budget"

@@ -81,6 +81,11 @@ def test_status_classes() -> None:
     # The budget shedding load is neither a verdict on the tenant nor a queue timeout.
     assert error_class(ErrorInfo(status=429, type="rate_limit_error", code="overloaded", message="")) == "shed_budget"
     assert error_class(ErrorInfo(status=401, type="authentication_error", message="")) == "auth"
+    # An address refused for its authentication failures is an auth refusal, not a queue timeout.
+    refused_address = ErrorInfo(
+        status=429, type="rate_limit_error", code="too_many_authentication_failures", message=""
+    )
+    assert error_class(refused_address) == "auth"
     assert error_class(ErrorInfo(status=502, type="server_error", message="")) == "server_error"
     assert error_class(ErrorInfo(status=400, type="invalid_request_error", message="")) == "client_error"
 

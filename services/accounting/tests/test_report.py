@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from llmlab_accounting.admin_api import admin_router, check_read_only
+from llmlab_accounting.admin_api import check_read_only, mount_admin_api
 from llmlab_accounting.domain import attempt_row, request_row
 from llmlab_accounting.metrics import AccountingMetrics
 from llmlab_accounting.report import main as report_main
@@ -84,7 +84,7 @@ def _admin_client(store: ClickHouseStore, settings: AccountingSettings) -> TestC
 
     app = FastAPI()
     install_error_handlers(app, "accounting service")
-    app.include_router(admin_router(store, settings, lambda _t0, _t1: (0.0, 0.0)), prefix="/admin/v1")
+    mount_admin_api(app, store, settings, lambda _t0, _t1: (0.0, 0.0))
     return TestClient(app)
 
 
@@ -151,11 +151,14 @@ def test_query_endpoint_needs_the_admin_key_and_refuses_writes(tmp_path: Path) -
     try:
         app = FastAPI()
         install_error_handlers(app, "accounting service")
-        app.include_router(admin_router(store, AccountingSettings(), lambda _t0, _t1: (0.0, 0.0)), prefix="/admin/v1")
+        mount_admin_api(app, store, AccountingSettings(), lambda _t0, _t1: (0.0, 0.0))
         c = TestClient(app)
         body = {"sql": "SELECT count() AS n FROM attempts"}
         assert c.post("/admin/v1/query", json=body).status_code == 401
         assert c.post("/admin/v1/query", json=body, headers={"Authorization": "Bearer nope"}).status_code == 401
+        # Authenticated before the body is parsed (dd4f538 answered a bad body before a bad key).
+        r = c.post("/admin/v1/query", content=b"{not json", headers={"Authorization": "Bearer nope"})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", r.text
         ok = {"Authorization": f"Bearer {DEV_ADMIN_KEY}"}
         r = c.post("/admin/v1/query", json=body, headers=ok)
         assert r.status_code == 200 and r.json()["rows"] == [[0]] and r.json()["columns"] == ["n"]
@@ -186,7 +189,7 @@ def test_attribute_endpoint_runs_every_aligned_period_up_to_now() -> None:
     app = FastAPI()
     install_error_handlers(app, "accounting service")
     settings = AccountingSettings(attribution_period_s=60)
-    app.include_router(admin_router(None, settings, attribute), prefix="/admin/v1")  # type: ignore[arg-type]
+    mount_admin_api(app, None, settings, attribute)  # type: ignore[arg-type]
     c = TestClient(app)
     ok = {"Authorization": f"Bearer {DEV_ADMIN_KEY}"}
     assert c.post("/admin/v1/attribute", json={"start": 1000}).status_code == 401

@@ -226,7 +226,27 @@ async def test_missing_or_wrong_admin_key_is_401(api: Api, headers: dict[str, st
     ]:
         resp = await api.client.request(method, "/admin/v1" + path, headers=headers, json=body)
         assert assert_error(resp, 401)["type"] == "authentication_error"
+    # Authenticated before the body is parsed (dd4f538 answered a bad body's 422 to anyone).
+    resp = await api.client.post("/admin/v1/tenants", headers=headers, content=b"{not json")
+    assert assert_error(resp, 401)["type"] == "authentication_error"
     assert await api.dump() == {}
+
+
+async def test_an_address_failing_to_authenticate_is_refused_from_its_headers(api: Api) -> None:
+    """Catches: no limit on admin authentication failures (dd4f538): a client could try keys
+    as fast as the service answered, each one a Redis lookup."""
+    o = await make_org(api, "acme")  # the root key authenticated from this address
+    await api.ok("GET", f"/tenants/{o['tenant']['id']}", 200, key=o["admin_key"])  # and this one
+    unused_admin = await api.ok("POST", f"/tenants/{o['tenant']['id']}/admin-keys", 201, json={"name": "spare"})
+    limit = BudgetSettings().auth_max_failures
+    for i in range(limit):
+        assert_error(await api.call("GET", "/tenants", key=f"sk-guess-{i}"), 401)
+    err = assert_error(await api.call("GET", "/tenants", key="sk-guess-more"), 429, "too_many_authentication_failures")
+    assert "authentication failures" in err["message"]
+    # Keys that authenticated here lately still work from the address; any other key waits.
+    await api.ok("GET", "/tenants", 200)
+    await api.ok("GET", f"/tenants/{o['tenant']['id']}", 200, key=o["admin_key"])
+    assert_error(await api.call("GET", f"/tenants/{o['tenant']['id']}", key=unused_admin["key"]), 429)
 
 
 async def test_api_key_is_not_an_admin_key(api: Api) -> None:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from llmlab_common.authguard import AuthFailures
 from llmlab_common.http import install_error_handlers, unexpected_error
 from llmlab_common.metrics import Metrics
 from llmlab_common.natsio import connect_as, ensure_streams
@@ -91,7 +92,12 @@ def create_app(settings: GatewaySettings) -> RawSendApp:
                 else BudgetAdmitter(nc, topo, settings.budget_timeout_s)
             )
             app.state.gateway = Gateway(
-                settings, holder, admitter, CompletionService(settings, holder, router, dispatcher), gm
+                settings,
+                holder,
+                admitter,
+                CompletionService(settings, holder, router, dispatcher),
+                gm,
+                auth_failures=AuthFailures(settings.auth_max_failures, settings.auth_failure_window_s),
             )
             state.checks["nats"] = lambda: nc.is_connected
             state.checks["workers_discovered"] = dispatcher.discovery_done

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from llmlab_common import rules
-from llmlab_common.codes import Code
+from llmlab_common.authguard import missing_key
 from llmlab_common.errors import AuthenticationFailed
 from llmlab_common.expiring import ExpiringSet
 from llmlab_common.messages import Endpoint, Principal
@@ -43,24 +43,17 @@ class Admitter(Protocol):
 
 
 class RefusedKeys(ExpiringSet):
-    """API keys the budget refused (unknown or revoked) in the last ``ttl_s``, by SHA-256: the
-    next request with one is refused before its body is read or parsed, and costs no budget round
-    trip. Bounded (the oldest go first); a key created or restored meanwhile works after ttl_s."""
+    """SHA-256s of the API keys the budget refused (unknown or revoked) in the last ``ttl_s``:
+    the next request with one is refused from its headers, with no budget round trip. Bounded
+    (the oldest go first); a key created or restored meanwhile works after ttl_s."""
 
     def __init__(self, ttl_s: float = 2.0, size: int = 100_000) -> None:
         super().__init__(ttl_s, size)
 
-    def refused(self, api_key: str) -> bool:
-        # Empty (no bad key lately): no hash on the hot path.
-        return len(self) > 0 and rules.hash_key(api_key) in self
-
-    def remember(self, api_key: str) -> None:
-        self.add(rules.hash_key(api_key))
-
 
 def require_key(api_key: str | None) -> str:
     if not api_key:
-        raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.", code=Code.MISSING_API_KEY)
+        raise missing_key("API key")
     return api_key
 
 

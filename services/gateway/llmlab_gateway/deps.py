@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
+from llmlab_common import rules
+from llmlab_common.authguard import AuthFailures, bearer_token, client_address
 from llmlab_common.codes import Code
-from llmlab_common.errors import InvalidRequest, PayloadTooLarge
+from llmlab_common.errors import AuthenticationFailed, InvalidRequest, PayloadTooLarge
 from llmlab_routing.config import CatalogHolder
 
-from llmlab_gateway.auth import Admitter, RefusedKeys
+from llmlab_gateway.auth import Admitter, RefusedKeys, require_key
 from llmlab_gateway.metrics import GatewayMetrics
 from llmlab_gateway.service import CompletionService, RouteHints
 from llmlab_gateway.settings import GatewaySettings
@@ -29,6 +31,41 @@ class Gateway:
     service: CompletionService
     metrics: GatewayMetrics
     refused_keys: RefusedKeys = field(default_factory=RefusedKeys)
+    auth_failures: AuthFailures = field(default_factory=AuthFailures)
+
+    async def authenticate_first(self, request: Request, *, known_suffices: bool) -> tuple[str, str]:
+        """The caller's key and its SHA-256, authenticated from the headers alone, before any
+        body is read. An address past its authentication failures gets 429 and a key refused
+        moments ago 401, both without a budget round trip. ``known_suffices``: a key that
+        authenticated in this process in the last minute skips the round trip (a completion's
+        reserve checks the key again, revocation included, so nothing is taken on trust).
+        Every 401 counts against the client's address."""
+        address = request_address(request, self.settings.trusted_proxy_hops)
+        key = bearer_key(request)
+        sha = rules.hash_key(key) if key else None
+        if known_suffices and self.auth_failures.is_known(sha):
+            assert key is not None and sha is not None
+            return key, sha
+        try:
+            self.auth_failures.check(address)
+            key = require_key(key)
+            assert sha is not None
+            if sha in self.refused_keys:
+                raise AuthenticationFailed("Incorrect API key provided.")
+            await self.admitter.authenticate(key)
+        except AuthenticationFailed:
+            self.auth_failed(request, sha)
+            raise
+        self.auth_failures.succeeded(sha)
+        return key, sha
+
+    def auth_failed(self, request: Request, key_sha256: str | None) -> None:
+        """A 401 (here or at the reserve): the key is remembered as refused and no longer known
+        good, and the failure counts against the client's address."""
+        address = request_address(request, self.settings.trusted_proxy_hops)
+        self.auth_failures.failed(address, key_sha256)
+        if key_sha256 is not None:
+            self.refused_keys.add(key_sha256)
 
     def require_model(self, name: str) -> None:
         """404 unless a deployment serves the name or it is a routing alias (auto, fast, cheap, best)."""
@@ -46,12 +83,14 @@ async def _gateway(request: Request) -> Gateway:
 GatewayDep = Annotated[Gateway, Depends(_gateway)]
 
 
+def request_address(request: Request, trusted_proxy_hops: int) -> str:
+    """The client's address, for counting its authentication failures (authguard.client_address)."""
+    peer = request.client.host if request.client else None
+    return client_address(peer, request.headers.get("x-forwarded-for"), trusted_proxy_hops)
+
+
 def bearer_key(request: Request) -> str | None:
-    header = request.headers.get("authorization")
-    if not header:
-        return None
-    scheme, _, token = header.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    return bearer_token(request.headers.get("authorization"))
 
 
 def _float_header(request: Request, name: str, lo: float, hi: float) -> float | None:

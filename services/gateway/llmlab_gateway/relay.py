@@ -22,8 +22,8 @@ from llmlab_common.logging import request_id_var
 from llmlab_common.messages import Endpoint, Principal, StreamEnd, TokenChunk
 from pydantic import ValidationError
 
-from llmlab_gateway.auth import AdmissionRequest, require_key
-from llmlab_gateway.deps import Gateway, bearer_key, read_body, route_hints
+from llmlab_gateway.auth import AdmissionRequest
+from llmlab_gateway.deps import Gateway, read_body, route_hints
 from llmlab_gateway.metrics import (
     CLIENT_CLOSED,
     OK,
@@ -54,12 +54,10 @@ async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -
     principal: Principal | None = None
     model: str | None = None
     ctx: CallContext | None = None
-    api_key: str | None = None
+    key_sha: str | None = None  # set once the key passed the check before the body
     try:
-        api_key = require_key(bearer_key(request))
-        if gw.refused_keys.refused(api_key):
-            # Refused moments ago: no body read or parsed, no budget round trip.
-            raise AuthenticationFailed("Incorrect API key provided.")
+        # The key is checked from the headers before the body is read or parsed.
+        api_key, key_sha = await gw.authenticate_first(request, known_suffices=True)
         raw = await read_body(request, settings.max_body_bytes)
         try:
             payload = json.loads(raw)
@@ -105,8 +103,8 @@ async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -
         if isinstance(exc, LLMLabError):
             err = exc
             log.info("refused %s: %d %s", endpoint, err.status, err.message)
-            if isinstance(err, AuthenticationFailed) and api_key:
-                gw.refused_keys.remember(api_key)
+            if isinstance(err, AuthenticationFailed) and key_sha is not None:
+                gw.auth_failed(request, key_sha)  # refused at the reserve (revoked meanwhile)
         else:
             # A bug, not a refusal: still one request event (the budget settles the reservation
             # by it instead of holding it until the reaper) and OpenAI's 500 shape, with no

@@ -12,13 +12,17 @@ from fastapi.responses import JSONResponse
 from llmlab_common.errors import error_responses
 from pydantic import BaseModel
 
-from llmlab_gateway.deps import Gateway, GatewayDep, bearer_key
+from llmlab_gateway.deps import Gateway, GatewayDep
 from llmlab_gateway.relay import handle_completion
 from llmlab_gateway.schemas import ChatCompletionRequest, CompletionRequest
 from llmlab_gateway.sse import FastHandler
 
 # What the gateway answers besides 200, each with OpenAI's error object.
-_AUTH_ERRORS = {401: "Missing, invalid or revoked API key", 503: "The budget service is unavailable"}
+_AUTH_ERRORS = {
+    401: "Missing, invalid or revoked API key",
+    429: "Too many authentication failures from this address (Retry-After)",
+    503: "The budget service is unavailable",
+}
 _MODEL_ERRORS = {**_AUTH_ERRORS, 404: "Unknown model"}
 # A completion answers one JSON body, or an SSE stream with "stream": true.
 _COMPLETION_OK: dict[int | str, dict[str, Any]] = {
@@ -32,7 +36,8 @@ _COMPLETION_ERRORS = {
     400: "Invalid request (the param is named), or the engine refused it",
     403: "Not allowed for this key's plan",
     413: "Request body or prompt too large",
-    429: "Rate limited, over budget, or no capacity within the queue timeout (Retry-After)",
+    429: "Rate limited, over budget, no capacity within the queue timeout, or too many authentication "
+    "failures from this address (Retry-After)",
     500: "Internal error (no detail; the log has it under the request id)",
     502: "The engine failed",
     504: "The engine did not answer in time",
@@ -69,7 +74,7 @@ def _request_body(model: type[BaseModel]) -> dict[str, Any]:
 
 @router.get("/v1/models", responses=error_responses(_AUTH_ERRORS))
 async def list_models(request: Request, gw: GatewayDep) -> JSONResponse:
-    await gw.admitter.authenticate(bearer_key(request))
+    await gw.authenticate_first(request, known_suffices=False)
     created = int(time.time())
     data = [
         {"id": m, "object": "model", "created": created, "owned_by": "llm-inference-lab"}
@@ -80,7 +85,7 @@ async def list_models(request: Request, gw: GatewayDep) -> JSONResponse:
 
 @router.get("/v1/models/{model:path}", responses=error_responses(_MODEL_ERRORS))
 async def get_model(model: str, request: Request, gw: GatewayDep) -> JSONResponse:
-    await gw.admitter.authenticate(bearer_key(request))
+    await gw.authenticate_first(request, known_suffices=False)
     gw.require_model(model)
     return JSONResponse({"id": model, "object": "model", "created": int(time.time()), "owned_by": "llm-inference-lab"})
 

@@ -71,6 +71,9 @@ async def test_an_unexpected_error_before_the_answer_is_a_500_with_its_request_e
             failures.append((request_id, err))
 
     class Admitter:
+        async def authenticate(self, api_key: str) -> Principal:
+            return Principal(key_id="k", plan="pro")
+
         async def admit(self, api_key: str, req: object) -> Admission:
             return Admission(principal=Principal(key_id="k", plan="pro"), max_tokens=8)
 
@@ -92,11 +95,14 @@ async def test_an_unexpected_error_before_the_answer_is_a_500_with_its_request_e
     assert getattr(failures[0][1], "status", None) == 500
 
 
-async def test_a_key_just_refused_is_refused_again_before_its_body_is_read() -> None:
-    """Catches: every request with a bad key having its body (up to 4 MiB) read and parsed and
-    costing a budget round trip before the refusal (dd4f538 authenticated only after parsing), so
-    a flood of one bad key competed with real traffic."""
-    from llmlab_common.errors import AuthenticationFailed
+async def test_keys_are_checked_before_the_body_and_failing_addresses_are_refused_from_headers() -> None:
+    """Catches: a request with a bad key having its body (up to 4 MiB) read and parsed before
+    the refusal (dd4f538 authenticated only after parsing), a refused key costing a budget round
+    trip again, and no limit on authentication failures per client address (a flood of fresh
+    random keys competed with real traffic for the budget)."""
+    from llmlab_common.authguard import AuthFailures
+    from llmlab_common.errors import AuthenticationFailed, ServiceUnavailable
+    from llmlab_common.messages import Principal
     from llmlab_common.metrics import Metrics
     from llmlab_gateway.auth import Admission
     from llmlab_gateway.deps import Gateway
@@ -105,17 +111,33 @@ async def test_a_key_just_refused_is_refused_again_before_its_body_is_read() -> 
     from llmlab_routing.config import CatalogHolder
 
     calls: list[str] = []
+    revoked: set[str] = set()
 
     class Service:
+        async def open(self, ctx: object) -> object:
+            raise ServiceUnavailable("No workers.")  # admission is what this test is about
+
         def record_failure(self, *_: object) -> None:
             pass
 
     class Admitter:
-        async def admit(self, api_key: str, req: object) -> Admission:
-            calls.append(api_key)
-            raise AuthenticationFailed("Incorrect API key provided.")
+        async def authenticate(self, api_key: str) -> Principal:
+            calls.append(f"auth:{api_key}")
+            if not api_key.startswith("sk-good"):
+                raise AuthenticationFailed("Incorrect API key provided.")
+            return Principal(key_id="k", plan="pro")
 
-    gw = Gateway(GatewaySettings(), CatalogHolder(CATALOG), Admitter(), Service(), GatewayMetrics(Metrics("t")))  # type: ignore[arg-type]
+        async def admit(self, api_key: str, req: object) -> Admission:
+            calls.append(f"admit:{api_key}")
+            if api_key in revoked:
+                raise AuthenticationFailed("This API key has been revoked.")
+            return Admission(principal=Principal(key_id="k", plan="pro"), max_tokens=8)
+
+    failures = AuthFailures(max_failures=3, window_s=60)
+    gw = Gateway(
+        GatewaySettings(), CatalogHolder(CATALOG), Admitter(), Service(), GatewayMetrics(Metrics("t")),  # type: ignore[arg-type]
+        auth_failures=failures,
+    )  # fmt: skip
     app = RawSendApp()
 
     async def chat(request: Request) -> Response:
@@ -123,18 +145,44 @@ async def test_a_key_just_refused_is_refused_again_before_its_body_is_read() -> 
 
     app.fast_routes = {"/v1/chat/completions": chat}
     body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "messages": [{"role": "user", "content": "hi"}]}
-    bad = {"Authorization": "Bearer sk-wrong"}
+
+    def bearer(key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"}
+
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
-        r = await c.post("/v1/chat/completions", json=body, headers=bad)
-        assert r.status_code == 401 and calls == ["sk-wrong"]
-        # Not even parsed now: a body that is not JSON still gets the 401, and no budget call.
-        r = await c.post("/v1/chat/completions", content=b"{not json", headers=bad)
+        # A bad key with a body that is not JSON: 401 for the key, so the body was never parsed.
+        r = await c.post("/v1/chat/completions", content=b"{not json", headers=bearer("sk-wrong"))
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
-        assert calls == ["sk-wrong"]
-        # Another key is not affected.
-        r = await c.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-other"})
-        assert calls == ["sk-wrong", "sk-other"]
-    gw.refused_keys.clock = lambda: 10**9  # past the TTL: asked again
+        assert calls == ["auth:sk-wrong"]
+        # Refused moments ago: refused again with no budget round trip.
+        r = await c.post("/v1/chat/completions", json=body, headers=bearer("sk-wrong"))
+        assert r.status_code == 401 and calls == ["auth:sk-wrong"]
+        # A good key is checked once before its first body; then it goes straight to the reserve.
+        for _ in range(2):
+            await c.post("/v1/chat/completions", json=body, headers=bearer("sk-good"))
+        assert calls[1:] == ["auth:sk-good", "admit:sk-good", "admit:sk-good"]
+        # The third failure from this address (a fresh key), then the address is refused from its
+        # headers: 429 with Retry-After and no lookup, even when it claims another address.
+        r = await c.post("/v1/chat/completions", json=body, headers=bearer("sk-random-1"))
+        assert r.status_code == 401
+        del calls[:]
+        for headers in (bearer("sk-random-2"), {**bearer("sk-random-3"), "X-Forwarded-For": "203.0.113.9"}, {}):
+            r = await c.post("/v1/chat/completions", content=b"{not json", headers=headers)
+            assert r.status_code == 429, r.text
+            assert r.json()["error"]["code"] == "too_many_authentication_failures"
+            assert 0 < float(r.headers["retry-after"]) <= 60
+        assert calls == []
+        # A key known good here still gets through from that address (a shared NAT's other users).
+        r = await c.post("/v1/chat/completions", json=body, headers=bearer("sk-good"))
+        assert r.status_code == 503 and calls == ["admit:sk-good"]
+        # The reserve refusing it (revoked meanwhile) makes it unknown again: next time, 429.
+        revoked.add("sk-good")
+        r = await c.post("/v1/chat/completions", json=body, headers=bearer("sk-good"))
+        assert r.status_code == 401 and calls == ["admit:sk-good"] * 2
+        r = await c.post("/v1/chat/completions", json=body, headers=bearer("sk-good"))
+        assert r.status_code == 429 and calls == ["admit:sk-good"] * 2
+    # The window passes: the address is heard again, and the refused key asked about again.
+    failures.clock = gw.refused_keys.clock = lambda: 10**9
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
-        await c.post("/v1/chat/completions", json=body, headers=bad)
-    assert calls == ["sk-wrong", "sk-other", "sk-wrong"]
+        r = await c.post("/v1/chat/completions", json=body, headers=bearer("sk-wrong"))
+        assert r.status_code == 401 and calls[-1] == "auth:sk-wrong"

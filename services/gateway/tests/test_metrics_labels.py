@@ -193,7 +193,8 @@ async def test_requests_are_counted_with_plan_and_code_and_refusals_before_auth_
     assert _requests(s) == {
         _key("chat", MODEL, "pro", 200, "ok"): 1,
         _key("chat", "other", "unknown", 401, "missing_api_key"): 1,
-        _key("chat", MODEL, "unknown", 401, "invalid_api_key"): 1,
+        # A bad key is refused before the body is read: its model is not known either.
+        _key("chat", "other", "unknown", 401, "invalid_api_key"): 1,
         _key("chat", "other", "unknown", 404, "model_not_found"): 1,
         _key("completions", MODEL, "pro", 429, "queue_timeout"): 1,
     }

@@ -5,12 +5,14 @@ routes, one module per resource."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
+from llmlab_common.http import authenticate_first
 
 from llmlab_budget.admin import keys, limits, teams, tenants
-from llmlab_budget.admin.auth import AdminContext
+from llmlab_budget.admin.auth import AdminContext, authenticate_admin
 
 router = APIRouter()
 for _module in (tenants, teams, keys, limits):
@@ -18,8 +20,10 @@ for _module in (tenants, teams, keys, limits):
 
 
 def mount_admin_api(app: FastAPI, ctx: AdminContext, prefix: str = "/admin/v1") -> None:
+    """The routes, and the middleware that authenticates them from the headers first."""
     app.state.budget_admin = ctx
     app.include_router(router, prefix=prefix)
+    authenticate_first(app, prefix, functools.partial(authenticate_admin, ctx), ctx.settings)
     _document_plans(app, sorted(ctx.catalog.plans))
 
 

@@ -24,6 +24,7 @@ from llmlab_common import rules
 from llmlab_common.catalog import Catalog, PlanBudget, ScopeName
 from llmlab_common.codes import Code
 from llmlab_common.errors import AuthenticationFailed, LLMLabError, PermissionDenied
+from llmlab_common.http import authenticated_principal
 from redis.asyncio import Redis
 
 from llmlab_budget.directory import (
@@ -124,17 +125,23 @@ Context = Annotated[AdminContext, Depends(_context)]
 _bearer = HTTPBearer(auto_error=False, description="Root or tenant admin key")
 
 
-async def _authenticate(ctx: Context, creds: HTTPAuthorizationCredentials | None = Security(_bearer)) -> AdminPrincipal:
-    if creds is None or not creds.credentials:
-        raise AuthenticationFailed(
-            "Missing admin key: send 'Authorization: Bearer <admin key>'.", code=Code.MISSING_API_KEY
-        )
-    if rules.key_matches(creds.credentials, ctx.settings.admin_key_sha256):
+async def authenticate_admin(ctx: AdminContext, token: str) -> AdminPrincipal:
+    """The root admin or a tenant admin, from the bearer token alone (run by
+    :class:`llmlab_common.http.AuthFirst` before the request's body is read)."""
+    if rules.key_matches(token, ctx.settings.admin_key_sha256):
         return AdminPrincipal(None)
-    tenant_id = await ctx.directory.admin_tenant_for_hash(rules.hash_key(creds.credentials))
+    tenant_id = await ctx.directory.admin_tenant_for_hash(rules.hash_key(token))
     if tenant_id is None:
         raise AuthenticationFailed("Invalid admin key.")
     return AdminPrincipal(tenant_id)
+
+
+async def _authenticate(request: Request, _: HTTPAuthorizationCredentials | None = Security(_bearer)) -> AdminPrincipal:
+    # Authenticated by the AuthFirst middleware (mount_admin_api installs it); the Security
+    # parameter documents the scheme in the OpenAPI document.
+    principal = authenticated_principal(request)
+    assert isinstance(principal, AdminPrincipal)
+    return principal
 
 
 Admin = Annotated[AdminPrincipal, Depends(_authenticate)]

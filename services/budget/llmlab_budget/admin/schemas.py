@@ -229,5 +229,6 @@ ERROR_RESPONSES = error_responses(
         401: "Missing or invalid admin key",
         403: "Not allowed for a tenant admin",
         404: "No such object (or another tenant's)",
+        429: "Too many authentication failures from this address (Retry-After)",
     }
 )
