@@ -402,6 +402,28 @@ async def test_openapi_documents_the_api(api: Api) -> None:
     assert all(op.get("summary") and op.get("tags") for op in ops)
     assert "/admin/v1/limits/{scope}/{scope_id}" in spec["paths"]
     assert "HTTPBearer" in spec["components"]["securitySchemes"]
+    # Each creation links to the operations that take the id it returns (what a stateful fuzzer
+    # and client generators follow): every link names an operation and exactly its path parameters.
+    by_id = {op["operationId"]: op for op in ops}
+    links = {
+        (path, name): link
+        for path, item in spec["paths"].items()
+        for op in item.values()
+        for name, link in op["responses"].get("201", {}).get("links", {}).items()
+    }
+    assert len({path for path, _ in links}) == 5 and len(links) >= 20
+    for (path, name), link in links.items():
+        target = by_id[link["operationId"]]
+        wanted = {p["name"] for p in target.get("parameters", []) if p["in"] == "path"}
+        assert set(link["parameters"]) == wanted, (path, name, link)
+    created_user = spec["paths"]["/admin/v1/teams/{team_id}/users"]["post"]["responses"]["201"]["links"]
+    assert created_user[by_id_of(spec, "POST", "/admin/v1/users/{user_id}/keys")]["parameters"] == {
+        "user_id": "$response.body#/id"
+    }
+
+
+def by_id_of(spec: dict[str, Any], method: str, path: str) -> str:
+    return str(spec["paths"][path][method.lower()]["operationId"])
 
 
 async def test_a_tenant_admin_key_is_revoked_through_the_api(api: Api) -> None:
