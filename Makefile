@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 export LLMLAB_ENV ?= dev
 
 .DEFAULT_GOAL := help
-.PHONY: fuzz help install install-vllm infra prom-tools test mutants test-unit test-e2e lint format up down status demo bench bench-engine-modes report explain-latency costmodel router-eval \
+.PHONY: fuzz k6 help install install-vllm infra prom-tools test mutants test-unit test-e2e lint format up down status demo bench bench-engine-modes report explain-latency costmodel router-eval \
         experiments experiments-quick gpu-smoke \
         compose-up compose-down clean
 
@@ -43,6 +43,9 @@ test: install infra prom-tools install-vllm ## run every tier that runs here: un
 
 fuzz: install ## fuzz the gateway, budget admin and accounting APIs from their OpenAPI documents (schemathesis): FUZZ_EXAMPLES cases per operation -> results/fuzz/
 	LLMLAB_FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),100) LLMLAB_FUZZ_OUT=results $(PY) -m pytest -q -s --timeout 1500 tests/e2e/test_fuzz.py
+
+k6: install infra ## a k6 scenario (SCENARIO=smoke|ramp|soak|spike|mix|budget) against URL (API_KEY, MODEL), or without URL against a simulated stack it starts; ARGS="--env LOAD_VUS=64 ..." -> results/k6-<scenario>/
+	$(PY) -m llmlab_loadtest.k6 $(or $(SCENARIO),smoke) $(if $(URL),--url $(URL)) $(if $(API_KEY),--api-key $(API_KEY)) $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
 mutants: install infra ## break the code on purpose (tests/mutations.toml) and require the guarding tests to fail
 	$(PY) -m llmlab_testkit.mutants $(MUTANTS_ARGS)

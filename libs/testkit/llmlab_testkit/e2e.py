@@ -22,9 +22,9 @@ def client(gw: ManagedProcess, api_key: str = DEV_KEY) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=url(gw) + "/v1", api_key=api_key, max_retries=0)
 
 
-def metric(p: ManagedProcess, name: str, **labels: str) -> float:
-    """Sum of a metric's samples whose labels include ``labels``."""
-    text = httpx.get(url(p) + "/metrics", timeout=5).text
+def metric(p: ManagedProcess | str, name: str, **labels: str) -> float:
+    """Sum of a metric's samples whose labels include ``labels`` (a process of the stack, or its base URL)."""
+    text = httpx.get((p if isinstance(p, str) else url(p)) + "/metrics", timeout=5).text
     total = 0.0
     for line in text.splitlines():
         if line.startswith("#") or not (line.startswith(name + "{") or line.startswith(name + " ")):
