@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 export LLMLAB_ENV ?= dev
 
 .DEFAULT_GOAL := help
-.PHONY: fuzz k6 help install install-vllm infra prom-tools test mutants test-unit test-e2e lint format up down status demo bench bench-engine-modes report explain-latency costmodel router-eval \
+.PHONY: fuzz k6 loadtest loadtest-report help install install-vllm infra prom-tools test mutants test-unit test-e2e lint format up down status demo bench bench-engine-modes report explain-latency costmodel router-eval \
         experiments experiments-quick gpu-smoke \
         compose-up compose-down clean
 
@@ -46,6 +46,15 @@ fuzz: install ## fuzz the gateway, budget admin and accounting APIs from their O
 
 k6: install infra ## a k6 scenario (SCENARIO=smoke|ramp|soak|spike|mix|budget) against URL (API_KEY, MODEL), or without URL against a simulated stack it starts; ARGS="--env LOAD_VUS=64 ..." -> results/k6-<scenario>/
 	$(PY) -m llmlab_loadtest.k6 $(or $(SCENARIO),smoke) $(if $(URL),--url $(URL)) $(if $(API_KEY),--api-key $(API_KEY)) $(if $(MODEL),--model $(MODEL)) $(ARGS)
+
+comma := ,
+STEPS ?= 1,8
+RUN ?= ladder-$(shell date -u +%Y%m%d)
+loadtest: install infra ## the load ladder (k6, the §8.3 mix, the stack on the engine twin), some steps per invocation: make loadtest STEPS=1,8,32 RUN=r1 [LADDER_ARGS="--hold-s 60"] -> results/loadtest/<RUN>/
+	$(PY) -m llmlab_loadtest.ladder run --run "$(RUN)" --steps "$(STEPS)" $(LADDER_ARGS)
+
+loadtest-report: install ## the ladder's report from its step files: make loadtest-report RUN=r1,r2 -> reports/benchmark/<date>/ (Markdown, PNG, JSON, HTML)
+	$(PY) -m llmlab_loadtest.ladder report $(foreach r,$(subst $(comma), ,$(RUN)),--run $(r)) $(LADDER_REPORT_ARGS)
 
 mutants: install infra ## break the code on purpose (tests/mutations.toml) and require the guarding tests to fail
 	$(PY) -m llmlab_testkit.mutants $(MUTANTS_ARGS)

@@ -31,7 +31,7 @@ export const options = {
 
 export default function () {
   const c = drawClass();
-  chat({ content: prompt(between(c.input[0], c.input[1])), maxTokens: between(c.output[0], c.output[1]), tags: { class: c.name } });
+  chat({ content: prompt(between(c.input[0], c.input[1])), maxTokens: between(c.output[0], c.output[1]), tags: { class: c.name }, model: c.model });
 }
 
 export const handleSummary = summaryOutputs;

@@ -40,6 +40,7 @@ export default function () {
     content: prompt(between(c.input[0], c.input[1])),
     maxTokens: between(c.output[0], c.output[1]),
     tags: Object.assign({ class: c.name }, currentStep()),
+    model: c.model,
   });
 }
 

@@ -5,6 +5,8 @@
 //   LOAD_BASE_URL   the server (default http://127.0.0.1:8080); requests go to /v1/chat/completions
 //   LOAD_API_KEY    one bearer key, or LOAD_API_KEYS: a comma-separated list, spread over the VUs
 //   LOAD_MODEL      the model name (default meta-llama/Llama-3.1-8B-Instruct)
+//   LOAD_CLASS_MODELS  another model for some classes of the mix, e.g.
+//                   long_document=Qwen/Qwen3-32B (a long document to the long-context deployment)
 //   LOAD_STREAM     "true" (default) or "false"
 //   LOAD_TIMEOUT    per request (default 600s)
 //   LOAD_TTFT_SLO_MS, LOAD_TPOT_SLO_MS  the interactive SLO (catalog: 1000 ms, 100 ms)
@@ -33,6 +35,12 @@ export const cfg = {
     .map((s) => s.trim())
     .filter((s) => s.length > 0),
   model: __ENV.LOAD_MODEL || 'meta-llama/Llama-3.1-8B-Instruct',
+  classModels: Object.fromEntries(
+    (__ENV.LOAD_CLASS_MODELS || '')
+      .split(',')
+      .filter((s) => s.indexOf('=') > 0)
+      .map((s) => [s.slice(0, s.indexOf('=')).trim(), s.slice(s.indexOf('=') + 1).trim()]),
+  ),
   stream: (__ENV.LOAD_STREAM || 'true') === 'true',
   timeout: __ENV.LOAD_TIMEOUT || '600s',
   ttftSloMs: Number(__ENV.LOAD_TTFT_SLO_MS || 1000),
@@ -85,7 +93,9 @@ export function between(lo, hi) {
 // vLLM on this CPU fits the short and chat classes only).
 export function drawClass() {
   const only = (__ENV.LOAD_MIX_CLASSES || '').split(',').filter((s) => s.length > 0);
-  const classes = only.length ? MIX.filter((c) => only.indexOf(c.name) >= 0) : MIX;
+  const classes = (only.length ? MIX.filter((c) => only.indexOf(c.name) >= 0) : MIX).map((c) =>
+    Object.assign({ model: cfg.classModels[c.name] || cfg.model }, c),
+  );
   const total = classes.reduce((a, c) => a + c.weight, 0);
   let r = Math.random() * total;
   for (const c of classes) {
@@ -108,35 +118,44 @@ function codeOf(body) {
   }
 }
 
+const IN_BAND_ERROR = /data:\s*\{\s*"error"/;
+
+// The JSON of the SSE event whose `data:` line holds `index`.
+function eventAt(body, index) {
+  const start = body.lastIndexOf('data:', index) + 5;
+  const end = body.indexOf('\n', index);
+  return body.slice(start, end < 0 ? body.length : end).trim();
+}
+
 function usageOf(body, stream) {
   if (!stream) {
     const j = JSON.parse(body);
     return { usage: j.usage || null, done: Array.isArray(j.choices) && j.choices.length > 0 };
   }
+  // Only the events that matter are parsed (the client's CPU per request stays small at the
+  // ladder's upper steps): [DONE] ends the stream, and the usage block rides on the last chunk
+  // before it, so the body is searched from its end. An error after the headers comes in-band
+  // (an event {"error": ...}, then [DONE]): not answered, counted by its code.
+  const failed = IN_BAND_ERROR.exec(body);
+  if (failed) return { usage: null, done: false, code: codeOf(eventAt(body, failed.index + 5)) };
+  const done = body.indexOf('data: [DONE]') >= 0;
   let usage = null;
-  let done = false;
-  for (const event of body.split('\n\n')) {
-    const line = event.trim();
-    if (!line.startsWith('data:')) continue;
-    const data = line.slice(5).trim();
-    if (data === '[DONE]') {
-      done = true;
-      continue;
-    }
+  const at = body.lastIndexOf('"usage"');
+  if (at >= 0) {
     try {
-      const j = JSON.parse(data);
-      if (j.usage) usage = j.usage;
+      usage = JSON.parse(eventAt(body, at)).usage || null;
     } catch (e) {
-      // a partial event: not counted
+      usage = null; // a partial event: not counted
     }
   }
   return { usage, done };
 }
 
-// One chat completion; records every metric above and returns {status, code, usage}.
-export function chat({ content, maxTokens, key, tags = {}, headers = {} }) {
+// One chat completion; records every metric above and returns {status, code, usage, ok, ttfb, e2e}
+// (ttfb and e2e in ms, null unless answered).
+export function chat({ content, maxTokens, key, model, tags = {}, headers = {} }) {
   const body = {
-    model: cfg.model,
+    model: model || cfg.model,
     messages: [{ role: 'user', content }],
     max_tokens: maxTokens,
     stream: cfg.stream,
@@ -152,8 +171,7 @@ export function chat({ content, maxTokens, key, tags = {}, headers = {} }) {
     responseType: 'text',
   });
   const status = String(res.status);
-  const code = res.status === 200 ? 'ok' : codeOf(res.body);
-  responses.add(1, Object.assign({ status, code }, tags));
+  let code = res.status === 200 ? 'ok' : codeOf(res.body);
   let usage = null;
   let answered = false;
   if (res.status === 200) {
@@ -161,12 +179,17 @@ export function chat({ content, maxTokens, key, tags = {}, headers = {} }) {
       const u = usageOf(res.body, cfg.stream);
       usage = u.usage;
       answered = u.done;
+      if (u.code) code = u.code; // the in-band error's code, under status 200
     } catch (e) {
       answered = false;
     }
   }
+  responses.add(1, Object.assign({ status, code }, tags));
   ok.add(answered, tags);
+  const out = { status: res.status, code, usage, ok: answered, ttfb: null, e2e: null };
   if (answered) {
+    out.ttfb = res.timings.waiting;
+    out.e2e = res.timings.duration;
     const first = res.timings.waiting;
     const total = res.timings.duration;
     ttfb.add(first, tags);
@@ -184,7 +207,7 @@ export function chat({ content, maxTokens, key, tags = {}, headers = {} }) {
   } else {
     withinSlo.add(false, tags);
   }
-  return { status: res.status, code, usage };
+  return out;
 }
 
 // What every scenario writes at the end: k6's summary as JSON (LOAD_SUMMARY_JSON, read by
