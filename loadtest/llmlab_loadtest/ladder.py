@@ -66,7 +66,7 @@ TPOT_SLO_MS = 100.0
 MAX_ERROR_RATE = 0.05
 MAX_CLIENT_CORE = 0.70
 INTERACTIVE = ("short", "chat")
-RECORD_FIELDS = ("t", "p", "c", "s", "e", "f", "d", "pt", "ct", "ok", "x")
+RECORD_FIELDS = ("t", "p", "c", "s", "e", "f", "d", "pt", "ct", "ok", "x", "h")
 RUN_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")  # not a date: results/ keeps dated runs for benchmarks
 STEP_OVERHEAD_S = 30  # k6 start, the stack's readiness between steps
 
@@ -353,6 +353,11 @@ def read_records_csv(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def hold_began(records: Sequence[dict[str, Any]]) -> float | None:
+    """When the hold began (ms since the epoch), as k6 saw it: test start + warm-up."""
+    return next((float(r["h"]) for r in records if r.get("h")), None)
+
+
 def pct(values: Sequence[float], q: float) -> float | None:
     return quantile(sorted(values), q) if values else None
 
@@ -367,7 +372,7 @@ def figures(records: Sequence[dict[str, Any]], hold_s: float, grace_s: float = m
     connection failure, or still running when k6 cut it at the hold's end + grace
     (``cut_at_end``, counted among the timeouts)."""
     hold = [r for r in records if r["p"] == "hold"]
-    hold_start = min((r["t"] for r in hold), default=0.0)
+    hold_start = hold_began(records) or 0.0
     cut_after = hold_start + 1000 * (hold_s + grace_s) - 500
     ok = [r for r in hold if r["ok"]]
     ttft = [float(r["f"]) for r in ok]
@@ -497,8 +502,7 @@ def run_step(
     wall = time.time() - t0
     records = parse_records(log_path.read_text(errors="replace").splitlines() if log_path.exists() else [])
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    hold_records = [r for r in records if r["p"] == "hold"]
-    hold_start = min((r["t"] for r in hold_records), default=(t0 + warmup_s) * 1000) / 1000
+    hold_start = (hold_began(records) or (t0 + warmup_s) * 1000) / 1000
     win = window(sampler.samples, hold_start, hold_start + hold_s)
     win["itl_ms"] = itl_window(sampler.itl, hold_start, hold_start + hold_s)
     metrics = summary.get("metrics", {})

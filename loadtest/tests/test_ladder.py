@@ -99,13 +99,9 @@ def test_a_ci_sized_ladder_writes_its_steps_and_a_report_that_matches_them(tmp_p
     for s in steps:
         records = ladder.read_records_csv(results / "ci" / f"step-{s['step']:04d}-requests.csv.gz")
         # Every answer k6 counted has its record; k6 drops the metrics (not the record) of a
-        # request it cut when a phase ended (status 0, ended at or after the phase's end).
-        hold_start, hold_end = s["hold_window"]
-        cut = [
-            r
-            for r in records
-            if r["s"] == 0 and r["x"] >= 1000 * (hold_start if r["p"] == "warmup" else hold_end + s["grace_s"]) - 500
-        ]
+        # request it cut after the hold's grace (status 0, ended then).
+        hold_end = s["hold_window"][1]
+        cut = [r for r in records if r["s"] == 0 and r["x"] >= 1000 * (hold_end + s["grace_s"]) - 500]
         assert len(records) - len(cut) == s["k6_responses"] > 0
         assert s["warmup_requests"] == sum(1 for r in records if r["p"] == "warmup") > 0
         assert s["figures"]["requests"] == len(records) - s["warmup_requests"]
@@ -183,21 +179,18 @@ def test_itl_percentiles_from_histogram_buckets() -> None:
 
 
 @pytest.mark.unit
-def test_records_round_trip_and_log_noise_is_skipped() -> None:
+def test_records_round_trip_and_log_noise_is_skipped(tmp_path: Path) -> None:
     lines = [
         'time="..." level=warning msg="something"',
-        '{"t":1,"p":"hold","c":"short","s":200,"e":"ok","f":12.5,"d":80.0,"pt":70,"ct":33,"ok":1,"x":81}',
+        '{"t":1,"p":"hold","c":"short","s":200,"e":"ok","f":12.5,"d":80.0,"pt":70,"ct":33,"ok":1,"x":81,"h":1}',
         '{"t":2,"p":"hold","c":"chat","s":429,"e":"queue_timeout","f":null,"d":null,"pt":0,"ct":0,"ok":0}',
         "{not json",
     ]
     records = ladder.parse_records(lines)
     assert len(records) == 2
-    path = Path("/tmp") / f"ladder-records-{id(records)}.csv.gz"
-    try:
-        path.write_bytes(ladder.records_csv(records))
-        back = ladder.read_records_csv(path)
-    finally:
-        path.unlink(missing_ok=True)
+    path = tmp_path / "records.csv.gz"
+    path.write_bytes(ladder.records_csv(records))
+    back = ladder.read_records_csv(path)
     assert back[0] == {
         "t": 1.0,
         "p": "hold",
@@ -210,6 +203,7 @@ def test_records_round_trip_and_log_noise_is_skipped() -> None:
         "ct": 33.0,
         "ok": 1.0,
         "x": 81.0,
+        "h": 1.0,
     }
     assert back[1]["f"] is None and back[1]["e"] == "queue_timeout"
     f = ladder.figures(records, hold_s=1.0)
