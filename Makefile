@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 export LLMLAB_ENV ?= dev
 
 .DEFAULT_GOAL := help
-.PHONY: fuzz k6 loadtest loadtest-report help install install-vllm infra prom-tools test mutants test-unit test-e2e lint format up down status demo bench bench-engine-modes report explain-latency costmodel router-eval \
+.PHONY: fuzz k6 loadtest loadtest-report peers help install install-vllm infra prom-tools test mutants test-unit test-e2e lint format up down status demo bench bench-engine-modes report explain-latency costmodel router-eval \
         experiments experiments-quick gpu-smoke \
         compose-up compose-down clean
 
@@ -53,8 +53,19 @@ RUN ?= ladder-$(shell date -u +%Y%m%d)
 loadtest: install infra ## the load ladder (k6, the §8.3 mix, the stack on the engine twin), some steps per invocation: make loadtest STEPS=1,8,32 RUN=r1 [LADDER_ARGS="--hold-s 60"] -> results/loadtest/<RUN>/
 	$(PY) -m llmlab_loadtest.ladder run --run "$(RUN)" --steps "$(STEPS)" $(LADDER_ARGS)
 
-loadtest-report: install ## the ladder's report from its step files: make loadtest-report RUN=r1,r2 -> reports/benchmark/<date>/ (Markdown, PNG, JSON, HTML)
-	$(PY) -m llmlab_loadtest.ladder report $(foreach r,$(subst $(comma), ,$(RUN)),--run $(r)) $(LADDER_REPORT_ARGS)
+loadtest-report: install ## the ladder's report from its step files: make loadtest-report RUN=r1,r2 [PEERS=results/peers/<ts>/result.json] -> reports/benchmark/<date>/ (Markdown, PNG, JSON, HTML)
+	-bash scripts/ensure-chromium.sh
+	$(PY) -m llmlab_loadtest.ladder report $(foreach r,$(subst $(comma), ,$(RUN)),--run $(r)) $(if $(PEERS),--peers $(PEERS)) $(LADDER_REPORT_ARGS)
+
+# LiteLLM's proxy, pinned, in a venv of its own (its dependencies stay out of ours).
+LITELLM_VERSION := 1.108.7
+LITELLM_ENV := $(HOME)/.cache/llm-inference-lab/litellm-$(LITELLM_VERSION)
+$(LITELLM_ENV)/bin/litellm:
+	$(PYTHON) -m venv $(LITELLM_ENV)
+	$(LITELLM_ENV)/bin/pip install -q 'litellm[proxy]==$(LITELLM_VERSION)'
+
+peers: install infra $(LITELLM_ENV)/bin/litellm ## the engine directly vs this stack vs LiteLLM's proxy, interleaved at steps 1, 64, 512 (k6, engine twin) -> results/peers/ (PEERS_ARGS="--steps 1,64")
+	$(PY) -m llmlab_loadtest.peers --litellm $(LITELLM_ENV)/bin/litellm $(PEERS_ARGS)
 
 mutants: install infra ## break the code on purpose (tests/mutations.toml) and require the guarding tests to fail
 	$(PY) -m llmlab_testkit.mutants $(MUTANTS_ARGS)

@@ -665,6 +665,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run", action="append", required=True, help="a run id (twice: two runs and their spread)")
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--out", type=Path, default=None, help="default reports/benchmark/<date of the first run>")
+    p.add_argument("--peers", type=Path, default=None, help="a make peers result.json: direct / ours / LiteLLM")
     a = ap.parse_args(argv)
     a.argv = argv
     if a.cmd == "run":

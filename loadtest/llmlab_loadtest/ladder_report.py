@@ -61,7 +61,19 @@ def verdict(steps: list[dict[str, Any]]) -> dict[str, Any]:
     below = [s for s in steps if failed is None or s["step"] < failed["step"]]
     safe = [s for s in below if is_safe(s)]
     return {
-        "failure_point": None if failed is None else {"step": failed["step"], "why": failed["stop_reason"]},
+        "failure_point": None
+        if failed is None
+        else {
+            "step": failed["step"],
+            "why": failed["stop_reason"],
+            # where the failures were: unanswered requests per class, and the answers that were not 200
+            "unanswered_by_class": {
+                c: v["requests"] - v["answered"]
+                for c, v in failed["figures"]["classes"].items()
+                if v["requests"] > v["answered"]
+            },
+            "failures": {k: v for k, v in failed["figures"]["answers"].items() if not k.startswith("200 ")},
+        },
         "safe_limit": None
         if not safe
         else {
@@ -108,6 +120,7 @@ def row(step: dict[str, Any]) -> dict[str, Any]:
         "cpu_cores": cpu,
         "limited_by": step["limited_by"],
         "stop_reason": step.get("stop_reason"),
+        "classes": f["classes"],
     }
 
 
@@ -249,7 +262,24 @@ def step_tables(rows: list[dict[str, Any]]) -> list[str]:
             for r in rows
         ],
     )
-    return [*load, "", *health]
+    names = sorted({c for r in rows for c in r["classes"]})
+    per_class = _table(
+        ["step", *(f"{c}: answered / sent, TTFT p95 ms, within SLO" for c in names)],
+        [
+            [str(r["step"])]
+            + [
+                (
+                    f"{r['classes'][c]['answered']} / {r['classes'][c]['requests']}, "
+                    f"{_f(r['classes'][c]['ttft_p95_ms'])}, {r['classes'][c]['within_slo']}"
+                )
+                if c in r["classes"]
+                else "-"
+                for c in names
+            ]
+            for r in rows
+        ],
+    )
+    return [*load, "", *health, "", *per_class]
 
 
 def _kv(r: dict[str, Any]) -> str:
@@ -303,7 +333,12 @@ def markdown(doc: dict[str, Any], images: list[str]) -> str:
         sl = v["safe_limit"]
         lines.append(
             f"- Run `{run}`: failure point "
-            + (f"**step {fp['step']}** ({fp['why']})" if fp else f"not reached up to step {v['highest_step']}")
+            + (
+                f"**step {fp['step']}** ({fp['why']}; unanswered by class: {_codes(fp['unanswered_by_class'])}; "
+                f"failures: {_codes(fp['failures'])})"
+                if fp
+                else f"not reached up to step {v['highest_step']}"
+            )
             + "; safe operating limit "
             + (
                 f"**{sl['step']} concurrent streams** ({sl['completed_rps']:.2f} answered req/s, "
@@ -357,6 +392,22 @@ def markdown(doc: dict[str, Any], images: list[str]) -> str:
         "- Figures are SIMULATED (engine twin): they say what this stack does in front of such GPUs, on this CPU.",
         "",
     ]
+    if doc.get("peers"):
+        from llmlab_loadtest.peers import PEERS_NOTE, table
+
+        p = doc["peers"]
+        lines += [
+            "## Peers: the engine directly, this stack, LiteLLM (interleaved)",
+            "",
+            f"From `{p['source']}` (`make peers`): the short and chat classes, {p['warmup_s']:.0f} s warm-up and "
+            f"{p['hold_s']:.0f} s measured per target and step, the targets taking turns within each step, LiteLLM "
+            f"{p['litellm_version']} (one worker, no database), one engine twin upstream ({p['engine']}).",
+            "",
+            *table(p["rows"]),
+            "",
+            PEERS_NOTE,
+            "",
+        ]
     lines += [f"![{Path(i).stem}]({i})" for i in images] + [""]
     lines += ["## Invocations", "", "| run | step | started | commit | command |", "|---|---|---|---|---|"]
     lines += [
@@ -511,7 +562,7 @@ def screenshot(page: Path, png: Path) -> bool:
         exe,
         *CHROMIUM_FLAGS,
         f"--user-data-dir={profile}",
-        "--window-size=1600,2400",
+        "--window-size=1600,4000",
         f"--screenshot={png}",
         page.resolve().as_uri(),
     ]
@@ -532,6 +583,10 @@ def cmd_report(a: argparse.Namespace) -> int:
     out = a.out or Path("reports/benchmark") / date
     out.mkdir(parents=True, exist_ok=True)
     doc["sources"] = {run: str(a.results / run) for run in runs}
+    if a.peers:
+        peers = json.loads(a.peers.read_text())
+        keep = ("rows", "engine", "warmup_s", "hold_s", "litellm_version")
+        doc["peers"] = {"source": str(a.peers), **{k: peers[k] for k in keep}}
     images = plots(doc, out)
     (out / "report.json").write_text(json.dumps(doc, indent=1) + "\n")
     md = markdown(doc, images)

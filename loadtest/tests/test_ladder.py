@@ -78,6 +78,12 @@ def check_report(out: Path) -> None:
                 "-" if row["ttft_ms"][k] is None else f"{row['ttft_ms'][k]:.0f}" for k in ("p50", "p95", "p99")
             )
             assert re.search(rf"^\| {row['step']} \| .*\| {re.escape(ttft)} \|", md, re.M), (out, run, row["step"])
+    if doc.get("peers"):  # the side-by-side is the peers run's own rows, shown in the Markdown
+        source = Path(doc["peers"]["source"])
+        peers = json.loads((source if source.is_absolute() else REPO / source).read_text())
+        assert doc["peers"]["rows"] == peers["rows"]
+        for r in peers["rows"]:
+            assert re.search(rf"^\| {r['step']} \| {r['target']} \| {r['answered_rps']:.2f} \|", md, re.M)
     missing = [f for f in METADATA_FIELDS if f not in doc["metadata"]]
     assert missing == [], missing
     for png in ("latency.png", "goodput.png", "failures.png"):
@@ -128,6 +134,8 @@ def _step(
         "completed_rps": vus / 2,
         "goodput_rps": vus / 2 * share,
         "output_tokens_per_s": vus * 10.0,
+        "classes": {"short": {"requests": 100, "answered": round(100 * (1 - error_rate))}},
+        "answers": {"200 ok": round(100 * (1 - error_rate)), "429 queue_timeout": round(100 * error_rate)},
     }
     return {"step": vus, "figures": figures, "stop_reason": stop}
 
@@ -143,7 +151,12 @@ def test_the_failure_point_is_the_first_stopped_step_and_the_safe_limit_lies_bel
         _step(256),  # past the failure point: never the safe limit
     ]
     v = ladder_report.verdict(steps)
-    assert v["failure_point"] == {"step": 128, "why": "error rate 20.0% > 5%"}
+    assert v["failure_point"] == {
+        "step": 128,
+        "why": "error rate 20.0% > 5%",
+        "unanswered_by_class": {"short": 20},
+        "failures": {"429 queue_timeout": 20},
+    }
     assert v["safe_limit"]["step"] == 64
     assert ladder_report.verdict([_step(1, p95=1500.0)])["safe_limit"] is None
     assert ladder_report.verdict([_step(1), _step(8, error_rate=0.02)])["safe_limit"]["step"] == 1
@@ -184,10 +197,11 @@ def test_records_round_trip_and_log_noise_is_skipped(tmp_path: Path) -> None:
         'time="..." level=warning msg="something"',
         '{"t":1,"p":"hold","c":"short","s":200,"e":"ok","f":12.5,"d":80.0,"pt":70,"ct":33,"ok":1,"x":81,"h":1}',
         '{"t":2,"p":"hold","c":"chat","s":429,"e":"queue_timeout","f":null,"d":null,"pt":0,"ct":0,"ok":0}',
+        '{"t":0,"p":"warmup","c":"short","s":200,"e":"ok","f":9.0,"d":50.0,"pt":70,"ct":20,"ok":1,"x":50,"h":1}',
         "{not json",
     ]
     records = ladder.parse_records(lines)
-    assert len(records) == 2
+    assert len(records) == 3
     path = tmp_path / "records.csv.gz"
     path.write_bytes(ladder.records_csv(records))
     back = ladder.read_records_csv(path)
@@ -206,5 +220,6 @@ def test_records_round_trip_and_log_noise_is_skipped(tmp_path: Path) -> None:
         "h": 1.0,
     }
     assert back[1]["f"] is None and back[1]["e"] == "queue_timeout"
-    f = ladder.figures(records, hold_s=1.0)
-    assert f["refused_429"] == {"queue_timeout": 1} and f["error_rate"] == 0.5 and f["goodput_rps"] == 1.0
+    f = ladder.figures(records, hold_s=1.0)  # the warm-up's request is not measured
+    assert f["requests"] == 2 and f["refused_429"] == {"queue_timeout": 1} and f["error_rate"] == 0.5
+    assert f["goodput_rps"] == 1.0 and f["ttft_ms"]["p50"] == 12.5 and f["output_tokens_per_s"] == 33.0

@@ -1,0 +1,364 @@
+"""Peers, side by side: the same ladder steps against the engine directly, through this
+repository's stack, and through LiteLLM's proxy, interleaved in one run (``make peers``).
+
+    python -m llmlab_loadtest.peers --steps 1,64,512            # -> results/peers/<UTC>/
+
+One engine twin (Llama-3.1-8B on an H100, simulated) is the upstream of all three. At each step
+the three targets take turns (the order rotates from step to step), each for a warm-up and a
+hold of k6 clients sending the short and chat classes of the §8.3 mix (``loadtest/k6/step.js``,
+the ladder's own step). Per target and step: answered requests/s, output tokens/s and its ratio
+to the direct run, TTFT p50/p95 and what the proxy added to it, E2E p50, errors, and the CPU the
+proxy spent per answered request (ours: gateway, router, workers, budget, accounting, NATS and
+Redis; LiteLLM: its proxy process). LiteLLM runs from its own virtual environment
+(``--litellm``, made by ``make peers``: ``litellm[proxy]`` pinned), with no database (the master
+key only) and its local cost map (no network).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from llmlab_loadtest.ladder import LLAMA, Target, machine_pids, run_step
+
+log = logging.getLogger(__name__)
+
+LITELLM_VERSION = "1.108.7"
+LITELLM_ENV = Path.home() / ".cache" / "llm-inference-lab" / f"litellm-{LITELLM_VERSION}"
+LITELLM_KEY = "sk-peers-litellm-master"  # a throwaway master key of a proxy that lives for one run
+# LiteLLM looks a Llama-3 tokenizer up on the Hugging Face hub for model names containing
+# "llama-3" (no network here): its upstream is served under a name without it.
+PEER_MODEL = "peer-8b"
+TARGETS = ("direct", "ours", "litellm")
+OURS = ("gateway", "router", "budget", "accounting", "worker-vllm", "nats", "redis")
+
+
+def wait_http(url: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not ready after {timeout:.0f} s")
+
+
+@contextmanager
+def litellm_proxy(litellm_bin: Path, upstream: str, work: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """LiteLLM's proxy in front of ``upstream`` (an OpenAI-compatible engine), one worker process."""
+    from llmlab_testkit.procs import free_port
+
+    work.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    config = work / "litellm.yaml"
+    config.write_text(
+        "model_list:\n"
+        f"  - model_name: {PEER_MODEL}\n"
+        "    litellm_params:\n"
+        f"      model: openai/{PEER_MODEL}\n"
+        f"      api_base: {upstream}/v1\n"
+        "      api_key: none\n"
+        "litellm_settings:\n"
+        "  drop_params: true\n"
+        "  request_timeout: 600\n"
+        "general_settings:\n"
+        f"  master_key: {LITELLM_KEY}\n"
+    )
+    env = {
+        **os.environ,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_LOG": "ERROR",
+        "NO_DOCS": "True",
+        "DISABLE_ADMIN_UI": "True",
+    }
+    env.pop("DATABASE_URL", None)
+    cmd = [str(litellm_bin), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
+    logf = (work / "litellm.log").open("wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    proc.port = port  # type: ignore[attr-defined]
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health/liveliness")
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        logf.close()
+
+
+@contextmanager
+def peer_targets(litellm_bin: Path, work: Path) -> Iterator[dict[str, Target]]:
+    """Two twins of the same engine (one serves our catalog's name, one a name LiteLLM takes
+    offline; one runs at a time under load), our default stack over the first, LiteLLM over the
+    second, and the first again for the direct run."""
+    from llmlab_testkit.budget import BudgetAdmin
+    from llmlab_testkit.procs import Stack, unique_namespace, url
+
+    twin = ["--mode", "twin", "--twin-device", "H100-SXM", "--twin-model", "Llama-3.1-8B"]
+    with ExitStack() as stack_cm:
+        stack = Stack(namespace=unique_namespace())
+        stack_cm.callback(stack.close)
+        sim = stack.sim("vllm", LLAMA, max_num_seqs=256, extra=twin)
+        sim_peer = stack.sim("vllm", PEER_MODEL, max_num_seqs=256, extra=twin)
+        worker = stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=256)
+        budget = stack.budget()
+        router = stack.router()
+        accounting = stack.accounting()
+        admin = BudgetAdmin(url(budget))
+        keys = [admin.provision("enterprise").api_key for _ in range(8)]
+        admin.close()
+        gw = stack.gateway(auth="budget", router="service")
+        proxy = stack_cm.enter_context(litellm_proxy(litellm_bin, url(sim_peer), work))
+        infra = machine_pids()
+        engine = "engine-sim --mode twin, Llama-3.1-8B on one H100-SXM (bf16), SIMULATED"
+        ours_pids = {"gateway": gw.pid, "router": router.pid, "budget": budget.pid, "accounting": accounting.pid}
+        ours_pids |= {"worker-vllm": worker.pid, **infra, "twin-llama": sim.pid}
+        yield {
+            "direct": Target(
+                url=url(sim),
+                api_keys=["none"],
+                model=LLAMA,
+                class_models="",
+                description="the engine twin directly",
+                simulated=True,
+                engine=engine,
+                pids={"twin-llama": sim.pid},
+                metrics={"twin-llama": f"{url(sim)}/metrics"},
+            ),
+            "ours": Target(
+                url=url(gw),
+                api_keys=keys,
+                model=LLAMA,
+                class_models="",
+                description="this repository's default stack (budget auth, router service, accounting, worker-vllm)",
+                simulated=True,
+                engine=engine,
+                pids=ours_pids,
+                metrics={n: f"{url(p)}/metrics" for n, p in (("gateway", gw), ("router", router), ("twin-llama", sim))},
+            ),
+            "litellm": Target(
+                url=f"http://127.0.0.1:{proxy.port}",  # type: ignore[attr-defined]
+                api_keys=[LITELLM_KEY],
+                model=PEER_MODEL,
+                class_models="",
+                description=f"LiteLLM {LITELLM_VERSION} proxy (one worker, no database)",
+                simulated=True,
+                engine=engine,
+                pids={"litellm": proxy.pid, "twin-llama": sim_peer.pid},
+                metrics={"twin-llama": f"{url(sim_peer)}/metrics"},
+            ),
+        }
+
+
+def proxy_cpu(target: str, cpu: dict[str, float]) -> float:
+    """Cores the proxy spent over the hold (the engine and the client apart)."""
+    if target == "ours":
+        return sum(cpu.get(n, 0.0) for n in OURS)
+    if target == "litellm":
+        return cpu.get("litellm", 0.0)
+    return 0.0
+
+
+def summarise(step: dict[str, Any], target: str) -> dict[str, Any]:
+    f, w = step["figures"], step["window"]
+    answered_rps = f["completed_rps"]
+    cores = proxy_cpu(target, w["cpu_cores"])
+    return {
+        "target": target,
+        "step": step["step"],
+        "requests": f["requests"],
+        "answered": f["answered"],
+        "error_rate": f["error_rate"],
+        "answered_rps": answered_rps,
+        "output_tokens_per_s": f["output_tokens_per_s"],
+        "ttft_ms": f["ttft_ms"],
+        "e2e_ms": f["e2e_ms"],
+        "answers": f["answers"],
+        "proxy_cores": cores,
+        "proxy_cpu_ms_per_request": 1000 * cores / answered_rps if answered_rps else None,
+        "client_cores": w["cpu_cores"].get("client", 0.0),
+        "engine_cores": w["cpu_cores"].get("twin-llama", 0.0),
+        "machine_cores": w["machine_cores"],
+    }
+
+
+def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each proxy against the direct run of the same step: added TTFT, tokens/s ratio."""
+    direct = {r["step"]: r for r in rows if r["target"] == "direct"}
+    out = []
+    for r in rows:
+        d = direct.get(r["step"])
+        c = dict(r)
+        if d and r["target"] != "direct":
+            for q in ("p50", "p95"):
+                a, b = r["ttft_ms"][q], d["ttft_ms"][q]
+                c[f"added_ttft_{q}_ms"] = None if a is None or b is None else a - b
+            base = d["output_tokens_per_s"]
+            c["tokens_ratio"] = r["output_tokens_per_s"] / base if base else None
+        out.append(c)
+    return out
+
+
+def _f(v: Any, fmt: str = "{:.0f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    """Direct / ours / LiteLLM per step, one line each."""
+    lines = [
+        "| step | target | answered req/s | out tok/s | tokens ratio | TTFT p50 / p95 ms | added TTFT p50 / p95 ms "
+        "| E2E p50 ms | errors | proxy CPU ms/request | client CPU | machine cores busy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        errors = ", ".join(f"{k} {v}" for k, v in r["answers"].items() if not k.startswith("200 ")) or "0"
+        lines.append(
+            f"| {r['step']} | {r['target']} | {r['answered_rps']:.2f} | {r['output_tokens_per_s']:.0f} | "
+            f"{_f(r.get('tokens_ratio'), '{:.2f}')} | {_f(r['ttft_ms']['p50'])} / {_f(r['ttft_ms']['p95'])} | "
+            f"{_f(r.get('added_ttft_p50_ms'))} / {_f(r.get('added_ttft_p95_ms'))} | {_f(r['e2e_ms']['p50'])} | "
+            f"{errors} | {_f(r['proxy_cpu_ms_per_request'], '{:.2f}')} | {100 * r['client_cores']:.0f}% | "
+            f"{r['machine_cores']:.2f} |"
+        )
+    return lines
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    lines = [
+        "# Peers: the engine directly, this stack, LiteLLM's proxy (interleaved, simulated engine)",
+        "",
+        f"Upstream: {doc['engine']}. Clients: k6, short and chat classes of the §8.3 mix, "
+        f"{doc['warmup_s']:.0f} s warm-up then {doc['hold_s']:.0f} s measured per target and step; "
+        "the targets take turns within each step (order rotating). Added TTFT = the proxy's TTFT minus the "
+        "direct run's at the same step; tokens ratio = output tokens/s over the direct run's; proxy CPU = the "
+        "proxy's processes over the hold per answered request (ours: gateway, router, worker, budget, accounting, "
+        "NATS, Redis; LiteLLM: its proxy process).",
+        "",
+        *table(doc["rows"]),
+        "",
+        PEERS_NOTE,
+        "",
+        "## Metadata",
+        "",
+        "```json",
+        json.dumps(doc["metadata"], indent=1),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+PEERS_NOTE = (
+    "All three share this 2-core machine with the engine twin and the client: where the machine is busy, a "
+    "proxy's CPU per request is what limits it. Simulated engine: the figures compare the proxies, not GPUs."
+)
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    steps = sorted({r["step"] for r in doc["rows"]})
+    for target in TARGETS:
+        rows = {r["step"]: r for r in doc["rows"] if r["target"] == target}
+        xs = [s for s in steps if s in rows]
+        axes[0].plot(xs, [rows[s]["ttft_ms"]["p50"] for s in xs], marker="o", label=target)
+        axes[1].plot(xs, [rows[s]["output_tokens_per_s"] for s in xs], marker="o", label=target)
+    for ax, title, unit in ((axes[0], "TTFT p50", "ms"), (axes[1], "output tokens/s", "tokens/s")):
+        ax.set_xscale("log")
+        ax.set_xlabel("open connections (k6 clients)")
+        ax.set_ylabel(unit)
+        ax.set_title(f"{title} (simulated engine)")
+        ax.legend()
+    axes[0].set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--steps", default="1,64,512")
+    ap.add_argument("--warmup-s", type=float, default=10.0)
+    ap.add_argument("--hold-s", type=float, default=30.0)
+    ap.add_argument("--grace-s", type=float, default=30.0)
+    ap.add_argument("--litellm", type=Path, default=LITELLM_ENV / "bin" / "litellm", help="LiteLLM's CLI")
+    ap.add_argument("--out", type=Path, default=Path("results"))
+    a = ap.parse_args(argv)
+    if not a.litellm.exists():
+        raise SystemExit(f"{a.litellm} missing: make peers installs LiteLLM {LITELLM_VERSION} in its own venv")
+    steps = [int(s) for s in a.steps.split(",") if s.strip()]
+    started = dt.datetime.now(dt.UTC)
+    work = a.out / "tmp" / "peers"
+    rows: list[dict[str, Any]] = []
+    with peer_targets(a.litellm, work) as targets:
+        for i, vus in enumerate(steps):
+            order = TARGETS[i % 3 :] + TARGETS[: i % 3]
+            for name in order:
+                log.info("step %d, %s: %d clients", vus, name, vus)
+                res = run_step(targets[name], vus, a.warmup_s, a.hold_s, a.grace_s, work / name, "short,chat")
+                row = summarise(res["doc"], name)
+                rows.append(row)
+                log.info(
+                    "step %d, %s: %.2f answered/s, TTFT p50 %s ms, proxy %.2f cores",
+                    vus,
+                    name,
+                    row["answered_rps"],
+                    _f(row["ttft_ms"]["p50"]),
+                    row["proxy_cores"],
+                )
+        engine = targets["direct"].engine
+    from llmlab_loadtest.bench_meta import metadata_block, write_outputs
+
+    doc = {
+        "rows": compare(sorted(rows, key=lambda r: (r["step"], TARGETS.index(r["target"])))),
+        "engine": engine,
+        "warmup_s": a.warmup_s,
+        "hold_s": a.hold_s,
+        "litellm_version": LITELLM_VERSION,
+        "metadata": metadata_block(
+            started=started,
+            duration_s=(dt.datetime.now(dt.UTC) - started).total_seconds(),
+            engine=engine,
+            model_id=f"{LLAMA} (LiteLLM's upstream serves it as {PEER_MODEL})",
+            concurrency=steps,
+            warmup=f"{a.warmup_s:.0f} s per target and step, not measured",
+            prompt_dataset="synthetic English filler (loadtest/k6/lib/openai.js prompt()), short and chat classes",
+            input_length_distribution="§8.3 short 64-256 (5/8), chat 256-1024 (3/8) tokens",
+            output_length_distribution="max_tokens: short 32-128, chat 128-512",
+            sampling_parameters="server defaults, stream with include_usage",
+            command=shlex.join(["python", "-m", "llmlab_loadtest.peers", *argv]),
+            simulated=True,
+            client="k6 (loadtest/k6/step.js) in its own process; its CPU per row",
+            litellm=f"litellm[proxy]=={LITELLM_VERSION}, one worker, no database, local cost map",
+        ),
+    }
+    paths = write_outputs(doc, a.out, started, "peers", markdown, plot)
+    log.info("peers: written %s", paths["json"].parent)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
