@@ -393,15 +393,15 @@ def markdown(doc: dict[str, Any], images: list[str]) -> str:
         "",
     ]
     if doc.get("peers"):
-        from llmlab_loadtest.peers import PEERS_NOTE, table
+        from llmlab_loadtest.peers import CLIENT_NOTE, MEANING, PEERS_NOTE, table
 
         p = doc["peers"]
         lines += [
             "## Peers: the engine directly, this stack, LiteLLM (interleaved)",
             "",
-            f"From `{p['source']}` (`make peers`): the short and chat classes, {p['warmup_s']:.0f} s warm-up and "
-            f"{p['hold_s']:.0f} s measured per target and step, the targets taking turns within each step, LiteLLM "
-            f"{p['litellm_version']} (one worker, no database), one engine twin upstream ({p['engine']}).",
+            f"From `{p['source']}` (`make peers`): LiteLLM {p['litellm_version']} (one worker, no database), one "
+            f"engine twin upstream ({p['engine']}); {p['max_tokens']} output tokens per request; client: {CLIENT_NOTE} "
+            f"{MEANING}",
             "",
             *table(p["rows"]),
             "",
@@ -585,7 +585,7 @@ def cmd_report(a: argparse.Namespace) -> int:
     doc["sources"] = {run: str(a.results / run) for run in runs}
     if a.peers:
         peers = json.loads(a.peers.read_text())
-        keep = ("rows", "engine", "warmup_s", "hold_s", "litellm_version")
+        keep = ("rows", "engine", "max_tokens", "requests_per_stream", "litellm_version")
         doc["peers"] = {"source": str(a.peers), **{k: peers[k] for k in keep}}
     images = plots(doc, out)
     (out / "report.json").write_text(json.dumps(doc, indent=1) + "\n")

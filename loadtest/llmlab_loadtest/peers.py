@@ -4,12 +4,15 @@ repository's stack, and through LiteLLM's proxy, interleaved in one run (``make 
     python -m llmlab_loadtest.peers --steps 1,64,512            # -> results/peers/<UTC>/
 
 One engine twin (Llama-3.1-8B on an H100, simulated) is the upstream of all three. At each step
-the three targets take turns (the order rotates from step to step), each for a warm-up and a
-hold of k6 clients sending the short and chat classes of the §8.3 mix (``loadtest/k6/step.js``,
-the ladder's own step). Per target and step: answered requests/s, output tokens/s and its ratio
-to the direct run, TTFT p50/p95 and what the proxy added to it, E2E p50, errors, and the CPU the
-proxy spent per answered request (ours: gateway, router, workers, budget, accounting, NATS and
-Redis; LiteLLM: its proxy process). LiteLLM runs from its own virtual environment
+the three targets take turns (the order rotates from step to step): a warm-up (one request per
+stream, not measured), then the measured run. The client is this repository's SSE client
+(``llmlab_loadtest.sse_client``) in its own process, not k6: k6 reads a stream whole, and its
+time to first byte is the first token only where a server sends its headers with it (the engine
+and LiteLLM send them before), while the SSE client times the first content chunk everywhere.
+Per target and step: answered requests/s, output tokens/s and its ratio to the direct run, TTFT
+p50/p95 and what the proxy added to it, ITL p50, E2E p50, errors, the client's CPU, and the CPU
+the proxy spent per answered request (ours: gateway, router, workers, budget, accounting, NATS
+and Redis; LiteLLM: its proxy process). LiteLLM runs from its own virtual environment
 (``--litellm``, made by ``make peers``: ``litellm[proxy]`` pinned), with no database (the master
 key only) and its local cost map (no network).
 """
@@ -31,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
-from llmlab_loadtest.ladder import LLAMA, Target, machine_pids, run_step
+from llmlab_loadtest.ladder import LLAMA, Target, machine_pids
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +172,7 @@ def peer_targets(litellm_bin: Path, work: Path) -> Iterator[dict[str, Target]]:
 
 
 def proxy_cpu(target: str, cpu: dict[str, float]) -> float:
-    """Cores the proxy spent over the hold (the engine and the client apart)."""
+    """What the proxy spent (cores or seconds), the engine and the client apart."""
     if target == "ours":
         return sum(cpu.get(n, 0.0) for n in OURS)
     if target == "litellm":
@@ -176,26 +180,61 @@ def proxy_cpu(target: str, cpu: dict[str, float]) -> float:
     return 0.0
 
 
-def summarise(step: dict[str, Any], target: str) -> dict[str, Any]:
-    f, w = step["figures"], step["window"]
-    answered_rps = f["completed_rps"]
-    cores = proxy_cpu(target, w["cpu_cores"])
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each process (its children included)."""
+    out: dict[str, float] = {}
+    for name, pid in pids.items():
+        try:
+            t = psutil.Process(pid).cpu_times()
+            out[name] = t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            pass
+    return out
+
+
+def sse_run(target: Target, streams: int, per_stream: int, max_tokens: int, out: Path) -> dict[str, Any]:
+    """One run of the SSE client in its own process; returns its summary and the CPU seconds each
+    watched process spent meanwhile (``cpu_s``) over the client's wall time (``wall_s``)."""
+    cmd = [
+        sys.executable, "-m", "llmlab_loadtest.sse_client",
+        "--url", f"{target.url}/v1/chat/completions", "--model", target.model, "--api-key", target.api_keys[0],
+        "--concurrency", str(streams), "--requests-per-stream", str(per_stream), "--max-tokens", str(max_tokens),
+        "--summary-only", "--out", str(out), "--log-level", "WARNING",
+    ]  # fmt: skip
+    before = cpu_seconds(target.pids)
+    t0 = time.monotonic()
+    subprocess.run(cmd, check=True, timeout=600, capture_output=True)
+    wall = time.monotonic() - t0
+    after = cpu_seconds(target.pids)
+    doc = json.loads(out.read_text())
+    return {
+        "summary": doc["summary"],
+        "cpu_s": {n: after[n] - before[n] for n in after if n in before},
+        "wall_s": wall,
+    }
+
+
+def summarise(run: dict[str, Any], target: str, step: int) -> dict[str, Any]:
+    s = run["summary"]
+    ok = s["requests"]["ok"]
+    window = s["window_s"]
+    proxy_s = proxy_cpu(target, run["cpu_s"])
     return {
         "target": target,
-        "step": step["step"],
-        "requests": f["requests"],
-        "answered": f["answered"],
-        "error_rate": f["error_rate"],
-        "answered_rps": answered_rps,
-        "output_tokens_per_s": f["output_tokens_per_s"],
-        "ttft_ms": f["ttft_ms"],
-        "e2e_ms": f["e2e_ms"],
-        "answers": f["answers"],
-        "proxy_cores": cores,
-        "proxy_cpu_ms_per_request": 1000 * cores / answered_rps if answered_rps else None,
-        "client_cores": w["cpu_cores"].get("client", 0.0),
-        "engine_cores": w["cpu_cores"].get("twin-llama", 0.0),
-        "machine_cores": w["machine_cores"],
+        "step": step,
+        "requests": s["requests"]["total"],
+        "answered": ok,
+        "errors": {k: v for k, v in s["errors"].items() if v},
+        "answered_rps": ok / window if window else 0.0,
+        "output_tokens_per_s": s["output_tokens_per_s"] or 0.0,
+        "ttft_ms": {q: s["ttft_ms"][q] for q in ("p50", "p95", "p99")},
+        "itl_ms": {q: s["itl_ms"][q] for q in ("p50", "p95", "p99")},
+        "e2e_ms": {q: s["e2e_ms"][q] for q in ("p50", "p95", "p99")},
+        "proxy_cores": proxy_s / run["wall_s"],
+        "proxy_cpu_ms_per_request": 1000 * proxy_s / ok if ok else None,
+        "client_cpu_util": s["client"]["cpu_util"],
+        "engine_cores": run["cpu_s"].get("twin-llama", 0.0) / run["wall_s"],
+        "window_s": window,
     }
 
 
@@ -216,6 +255,10 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _pct(v: float | None) -> float | None:
+    return None if v is None else 100 * v
+
+
 def _f(v: Any, fmt: str = "{:.0f}") -> str:
     return "-" if v is None else fmt.format(v)
 
@@ -223,18 +266,19 @@ def _f(v: Any, fmt: str = "{:.0f}") -> str:
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """Direct / ours / LiteLLM per step, one line each."""
     lines = [
-        "| step | target | answered req/s | out tok/s | tokens ratio | TTFT p50 / p95 ms | added TTFT p50 / p95 ms "
-        "| E2E p50 ms | errors | proxy CPU ms/request | client CPU | machine cores busy |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| step (streams) | target | requests | answered req/s | out tok/s | tokens ratio | TTFT p50 / p95 ms "
+        "| added TTFT p50 / p95 ms | ITL p50 ms | E2E p50 ms | errors | proxy CPU ms/request | client CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        errors = ", ".join(f"{k} {v}" for k, v in r["answers"].items() if not k.startswith("200 ")) or "0"
+        errors = ", ".join(f"{k} {v}" for k, v in r["errors"].items()) or "0"
         lines.append(
-            f"| {r['step']} | {r['target']} | {r['answered_rps']:.2f} | {r['output_tokens_per_s']:.0f} | "
-            f"{_f(r.get('tokens_ratio'), '{:.2f}')} | {_f(r['ttft_ms']['p50'])} / {_f(r['ttft_ms']['p95'])} | "
-            f"{_f(r.get('added_ttft_p50_ms'))} / {_f(r.get('added_ttft_p95_ms'))} | {_f(r['e2e_ms']['p50'])} | "
-            f"{errors} | {_f(r['proxy_cpu_ms_per_request'], '{:.2f}')} | {100 * r['client_cores']:.0f}% | "
-            f"{r['machine_cores']:.2f} |"
+            f"| {r['step']} | {r['target']} | {r['requests']} | {r['answered_rps']:.2f} | "
+            f"{r['output_tokens_per_s']:.0f} | {_f(r.get('tokens_ratio'), '{:.2f}')} | "
+            f"{_f(r['ttft_ms']['p50'], '{:.1f}')} / {_f(r['ttft_ms']['p95'], '{:.1f}')} | "
+            f"{_f(r.get('added_ttft_p50_ms'), '{:.1f}')} / {_f(r.get('added_ttft_p95_ms'), '{:.1f}')} | "
+            f"{_f(r['itl_ms']['p50'], '{:.1f}')} | {_f(r['e2e_ms']['p50'])} | {errors} | "
+            f"{_f(r['proxy_cpu_ms_per_request'], '{:.2f}')} | {_f(_pct(r['client_cpu_util']))}% |"
         )
     return lines
 
@@ -243,12 +287,10 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [
         "# Peers: the engine directly, this stack, LiteLLM's proxy (interleaved, simulated engine)",
         "",
-        f"Upstream: {doc['engine']}. Clients: k6, short and chat classes of the §8.3 mix, "
-        f"{doc['warmup_s']:.0f} s warm-up then {doc['hold_s']:.0f} s measured per target and step; "
-        "the targets take turns within each step (order rotating). Added TTFT = the proxy's TTFT minus the "
-        "direct run's at the same step; tokens ratio = output tokens/s over the direct run's; proxy CPU = the "
-        "proxy's processes over the hold per answered request (ours: gateway, router, worker, budget, accounting, "
-        "NATS, Redis; LiteLLM: its proxy process).",
+        f"Upstream: {doc['engine']}. Client: {CLIENT_NOTE} {doc['max_tokens']} output tokens per request; "
+        "per stream and step: one warm-up request, then the measured requests "
+        f"({', '.join(f'{k}: {v}' for k, v in doc['requests_per_stream'].items())} per stream at each step). "
+        f"{MEANING}",
         "",
         *table(doc["rows"]),
         "",
@@ -264,6 +306,17 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+CLIENT_NOTE = (
+    "this repository's SSE client (llmlab_loadtest.sse_client, its own process), which times the first content "
+    "chunk: k6's time to first byte is not the first token against the engine or LiteLLM, which send their "
+    "headers first."
+)
+MEANING = (
+    "The targets take turns within each step (order rotating). Added TTFT = the proxy's TTFT minus the direct "
+    "run's at the same step; tokens ratio = output tokens/s over the direct run's; proxy CPU = what the proxy's "
+    "processes spent during the run per answered request (ours: gateway, router, worker, budget, accounting, "
+    "NATS, Redis; LiteLLM: its proxy process); client CPU = the client's share of one core over the run."
+)
 PEERS_NOTE = (
     "All three share this 2-core machine with the engine twin and the client: where the machine is busy, a "
     "proxy's CPU per request is what limits it. Simulated engine: the figures compare the proxies, not GPUs."
@@ -301,33 +354,38 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--steps", default="1,64,512")
-    ap.add_argument("--warmup-s", type=float, default=10.0)
-    ap.add_argument("--hold-s", type=float, default=30.0)
-    ap.add_argument("--grace-s", type=float, default=30.0)
+    ap.add_argument(
+        "--requests", type=int, default=1024, help="measured requests per target and step (at least 2 per stream)"
+    )
+    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--litellm", type=Path, default=LITELLM_ENV / "bin" / "litellm", help="LiteLLM's CLI")
     ap.add_argument("--out", type=Path, default=Path("results"))
     a = ap.parse_args(argv)
     if not a.litellm.exists():
         raise SystemExit(f"{a.litellm} missing: make peers installs LiteLLM {LITELLM_VERSION} in its own venv")
     steps = [int(s) for s in a.steps.split(",") if s.strip()]
+    per_stream = {vus: max(2, a.requests // vus) for vus in steps}
     started = dt.datetime.now(dt.UTC)
     work = a.out / "tmp" / "peers"
+    work.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     with peer_targets(a.litellm, work) as targets:
         for i, vus in enumerate(steps):
             order = TARGETS[i % 3 :] + TARGETS[: i % 3]
             for name in order:
-                log.info("step %d, %s: %d clients", vus, name, vus)
-                res = run_step(targets[name], vus, a.warmup_s, a.hold_s, a.grace_s, work / name, "short,chat")
-                row = summarise(res["doc"], name)
+                log.info("step %d, %s: warm-up, then %d requests per stream", vus, name, per_stream[vus])
+                sse_run(targets[name], vus, 1, a.max_tokens, work / f"{name}-{vus}-warmup.json")
+                run = sse_run(targets[name], vus, per_stream[vus], a.max_tokens, work / f"{name}-{vus}.json")
+                row = summarise(run, name, vus)
                 rows.append(row)
                 log.info(
-                    "step %d, %s: %.2f answered/s, TTFT p50 %s ms, proxy %.2f cores",
+                    "step %d, %s: %.2f answered/s, TTFT p50 %s ms, proxy %.2f cores, client %s of a core",
                     vus,
                     name,
                     row["answered_rps"],
-                    _f(row["ttft_ms"]["p50"]),
+                    _f(row["ttft_ms"]["p50"], "{:.1f}"),
                     row["proxy_cores"],
+                    row["client_cpu_util"],
                 )
         engine = targets["direct"].engine
     from llmlab_loadtest.bench_meta import metadata_block, write_outputs
@@ -335,8 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "rows": compare(sorted(rows, key=lambda r: (r["step"], TARGETS.index(r["target"])))),
         "engine": engine,
-        "warmup_s": a.warmup_s,
-        "hold_s": a.hold_s,
+        "max_tokens": a.max_tokens,
+        "requests_per_stream": {str(k): v for k, v in per_stream.items()},
         "litellm_version": LITELLM_VERSION,
         "metadata": metadata_block(
             started=started,
@@ -344,14 +402,14 @@ def main(argv: list[str] | None = None) -> int:
             engine=engine,
             model_id=f"{LLAMA} (LiteLLM's upstream serves it as {PEER_MODEL})",
             concurrency=steps,
-            warmup=f"{a.warmup_s:.0f} s per target and step, not measured",
-            prompt_dataset="synthetic English filler (loadtest/k6/lib/openai.js prompt()), short and chat classes",
-            input_length_distribution="§8.3 short 64-256 (5/8), chat 256-1024 (3/8) tokens",
-            output_length_distribution="max_tokens: short 32-128, chat 128-512",
+            warmup="one request per stream per target and step, not measured",
+            prompt_dataset="one fixed short prompt (llmlab_loadtest.sse_client DEFAULT_PROMPT)",
+            input_length_distribution="fixed (the one prompt)",
+            output_length_distribution=f"max_tokens {a.max_tokens} (the engine generates up to it)",
             sampling_parameters="server defaults, stream with include_usage",
             command=shlex.join(["python", "-m", "llmlab_loadtest.peers", *argv]),
             simulated=True,
-            client="k6 (loadtest/k6/step.js) in its own process; its CPU per row",
+            client="llmlab_loadtest.sse_client in its own process; its CPU per row (client_cpu_util)",
             litellm=f"litellm[proxy]=={LITELLM_VERSION}, one worker, no database, local cost map",
         ),
     }
