@@ -357,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--requests", type=int, default=1024, help="measured requests per target and step (at least 2 per stream)"
     )
+    ap.add_argument("--max-per-stream", type=int, default=64, help="caps a step's run (1 stream: 64 requests)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--litellm", type=Path, default=LITELLM_ENV / "bin" / "litellm", help="LiteLLM's CLI")
     ap.add_argument("--out", type=Path, default=Path("results"))
@@ -364,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.litellm.exists():
         raise SystemExit(f"{a.litellm} missing: make peers installs LiteLLM {LITELLM_VERSION} in its own venv")
     steps = [int(s) for s in a.steps.split(",") if s.strip()]
-    per_stream = {vus: max(2, a.requests // vus) for vus in steps}
+    per_stream = {vus: min(a.max_per_stream, max(2, a.requests // vus)) for vus in steps}
     started = dt.datetime.now(dt.UTC)
     work = a.out / "tmp" / "peers"
     work.mkdir(parents=True, exist_ok=True)
