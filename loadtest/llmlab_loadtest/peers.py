@@ -126,7 +126,10 @@ def peer_targets(litellm_bin: Path, work: Path) -> Iterator[dict[str, Target]]:
         router = stack.router()
         accounting = stack.accounting()
         admin = BudgetAdmin(url(budget))
-        keys = [admin.provision("enterprise").api_key for _ in range(8)]
+        # One key drives all the streams (the SSE client sends one), with room above the plan's
+        # 512 concurrent: a slot is held until the budget service settles the request's event, so
+        # under load a user's count runs ahead of its open streams (seen: 2x the streams at 64).
+        keys = [admin.provision("enterprise", {"user": {"max_concurrent": 8192}}).api_key]
         admin.close()
         gw = stack.gateway(auth="budget", router="service")
         proxy = stack_cm.enter_context(litellm_proxy(litellm_bin, url(sim_peer), work))
