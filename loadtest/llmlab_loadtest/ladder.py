@@ -68,7 +68,10 @@ MAX_CLIENT_CORE = 0.70
 INTERACTIVE = ("short", "chat")
 RECORD_FIELDS = ("t", "p", "c", "s", "e", "f", "d", "pt", "ct", "ok", "x", "h")
 RUN_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")  # not a date: results/ keeps dated runs for benchmarks
-STEP_OVERHEAD_S = 30  # k6 start, the stack's readiness between steps
+STEP_OVERHEAD_S = 30
+# The engine simulator stops at min(max_tokens, --output-len): far above any max_tokens of the mix,
+# so every request generates its max_tokens (as benchmarks run engines with ignore_eos).
+GENERATE_TO_MAX = 1_000_000  # k6 start, the stack's readiness between steps
 
 
 @dataclass
@@ -132,11 +135,14 @@ def twin_stack(keys: int = 8) -> Iterator[Target]:
     stack = Stack(namespace=unique_namespace())
     try:
         twin = ["--mode", "twin", "--twin-device", "H100-SXM"]
-        sim_l = stack.sim("vllm", LLAMA, max_num_seqs=256, extra=[*twin, "--twin-model", "Llama-3.1-8B"])
+        sim_l = stack.sim(
+            "vllm", LLAMA, max_num_seqs=256, output_len=GENERATE_TO_MAX, extra=[*twin, "--twin-model", "Llama-3.1-8B"]
+        )
         sim_q = stack.sim(
             "sglang",
             QWEN,
             max_num_seqs=256,
+            output_len=GENERATE_TO_MAX,
             extra=[*twin, "--twin-model", "Qwen3-32B", "--twin-dtype", "fp8", "--max-model-len", "32768"],
         )
         w_l = stack.worker("vllm", "gpu-vllm", url(sim_l), max_concurrency=256)

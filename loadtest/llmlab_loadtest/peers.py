@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 import psutil
 
-from llmlab_loadtest.ladder import LLAMA, Target, machine_pids
+from llmlab_loadtest.ladder import GENERATE_TO_MAX, LLAMA, Target, machine_pids
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +119,8 @@ def peer_targets(litellm_bin: Path, work: Path) -> Iterator[dict[str, Target]]:
     with ExitStack() as stack_cm:
         stack = Stack(namespace=unique_namespace())
         stack_cm.callback(stack.close)
-        sim = stack.sim("vllm", LLAMA, max_num_seqs=256, extra=twin)
-        sim_peer = stack.sim("vllm", PEER_MODEL, max_num_seqs=256, extra=twin)
+        sim = stack.sim("vllm", LLAMA, max_num_seqs=256, output_len=GENERATE_TO_MAX, extra=twin)
+        sim_peer = stack.sim("vllm", PEER_MODEL, max_num_seqs=256, output_len=GENERATE_TO_MAX, extra=twin)
         worker = stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=256)
         budget = stack.budget()
         router = stack.router()
