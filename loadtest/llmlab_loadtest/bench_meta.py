@@ -179,7 +179,7 @@ def index_markdown(out_dir: Path) -> str:
     ]
     loose = []
     for d in sorted(out_dir.iterdir()):
-        if d.name == "README.md":
+        if d.name in ("README.md", "tmp"):  # tmp/: work files of the runs, not kept (.gitignore)
             continue
         if not d.is_dir():
             loose.append(d.name)
