@@ -389,7 +389,10 @@ def markdown(doc: dict[str, Any], images: list[str]) -> str:
         "- limited by: the client when k6 passed 70% of a core; else the busiest process group when the "
         "machine's cores "
         "were at least 90% busy; else neither (the simulated GPUs or the offered load set the pace).",
-        "- Figures are SIMULATED (engine twin): they say what this stack does in front of such GPUs, on this CPU.",
+        "- Client: k6 drove every step of the ladder (k6 is compiled and cheap per request: the client CPU column "
+        "shows how far it was from saturating a core); the peers table below was driven by the Python SSE client.",
+        "- Figures are SIMULATED (engine twin) unless the run's target says real vLLM: they say what this stack does "
+        "in front of such GPUs, on this CPU.",
         "",
     ]
     if doc.get("peers"):

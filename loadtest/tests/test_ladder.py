@@ -82,8 +82,14 @@ def check_report(out: Path) -> None:
         source = Path(doc["peers"]["source"])
         peers = json.loads((source if source.is_absolute() else REPO / source).read_text())
         assert doc["peers"]["rows"] == peers["rows"]
+        direct = {r["step"]: r for r in peers["rows"] if r["target"] == "direct"}
         for r in peers["rows"]:
-            assert re.search(rf"^\| {r['step']} \| {r['target']} \| {r['answered_rps']:.2f} \|", md, re.M)
+            line = rf"^\| {r['step']} \| {r['target']} \| {r['requests']} \| {r['answered_rps']:.2f} \|"
+            assert re.search(line, md, re.M), line
+            d = direct[r["step"]]
+            if r["target"] != "direct":  # what a proxy added, against the direct run of its step
+                assert r["tokens_ratio"] == pytest.approx(r["output_tokens_per_s"] / d["output_tokens_per_s"])
+                assert r["added_ttft_p50_ms"] == pytest.approx(r["ttft_ms"]["p50"] - d["ttft_ms"]["p50"])
     missing = [f for f in METADATA_FIELDS if f not in doc["metadata"]]
     assert missing == [], missing
     for png in ("latency.png", "goodput.png", "failures.png"):
@@ -121,6 +127,16 @@ def test_a_ci_sized_ladder_writes_its_steps_and_a_report_that_matches_them(tmp_p
         assert heading in md
     html = (out / "report.html").read_text()
     assert html.count("<table>") == md.count("\n|---") and '<img alt="latency" src="latency.png">' in html
+
+
+@pytest.mark.unit
+def test_the_committed_reports_agree_with_their_raw_step_files() -> None:
+    """Catches: a committed report edited by hand, assembled from other step files than it names,
+    or whose figures the report code computed differently from the raw records."""
+    reports = sorted(p for p in REPORTS.iterdir() if (p / "report.json").exists()) if REPORTS.exists() else []
+    assert reports, "no committed report under reports/benchmark/"
+    for out in reports:
+        check_report(out)
 
 
 def _step(
