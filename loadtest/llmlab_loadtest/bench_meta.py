@@ -94,7 +94,8 @@ def metadata_block(
     simulated: bool = True,
     **extra: Any,
 ) -> dict[str, Any]:
-    dirty = [line for line in git("status", "--porcelain").splitlines() if line.strip()]
+    # Tracked files only: a run's own outputs (new result files) do not make the code it ran differ.
+    dirty = [line for line in git("status", "--porcelain", "--untracked-files=no").splitlines() if line.strip()]
     out: dict[str, Any] = {
         "date": started.isoformat(timespec="seconds"),
         "git_commit": git("rev-parse", "HEAD") or "unknown",

@@ -44,7 +44,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -277,6 +277,19 @@ def bucket_quantile(q: float, buckets: dict[float, float]) -> float | None:
     return lower
 
 
+def tree_cpu_s(p: psutil.Process) -> float:
+    """CPU seconds of a process and of its live descendants (vLLM runs its engine core in a child
+    process, which ``children_*`` times count only once it has exited and been waited for)."""
+    total = 0.0
+    for q in [p, *p.children(recursive=True)]:
+        try:
+            t = q.cpu_times()  # children_*: its children that exited (a live child is counted as itself)
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            pass
+    return total
+
+
 class Sampler:
     """Every ``every_s``: CPU seconds (user + system) of each watched process and of the machine,
     and the stack's queue gauges. Runs in a thread of the runner (not the client's process)."""
@@ -315,12 +328,8 @@ class Sampler:
     def sample(self) -> dict[str, Any]:
         cpu: dict[str, float] = {}
         for name, p in list(self.procs.items()):
-            try:
-                # the process and its children (vLLM-like engines run cores in child processes)
-                t = p.cpu_times()
-                cpu[name] = t.user + t.system + t.children_user + t.children_system
-            except psutil.Error:
-                pass
+            with suppress(psutil.Error):
+                cpu[name] = tree_cpu_s(p)
         m = psutil.cpu_times()
         gauges: dict[str, float] = {}
         buckets: dict[float, float] = {}

@@ -29,14 +29,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 
-from llmlab_loadtest.ladder import GENERATE_TO_MAX, LLAMA, Target, machine_pids
+from llmlab_loadtest.ladder import GENERATE_TO_MAX, LLAMA, Target, machine_pids, tree_cpu_s
 
 log = logging.getLogger(__name__)
 
@@ -184,14 +184,11 @@ def proxy_cpu(target: str, cpu: dict[str, float]) -> float:
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    """CPU seconds so far of each process (its children included)."""
+    """CPU seconds so far of each process (its live descendants included)."""
     out: dict[str, float] = {}
     for name, pid in pids.items():
-        try:
-            t = psutil.Process(pid).cpu_times()
-            out[name] = t.user + t.system + t.children_user + t.children_system
-        except psutil.Error:
-            pass
+        with suppress(psutil.Error):
+            out[name] = tree_cpu_s(psutil.Process(pid))
     return out
 
 

@@ -239,3 +239,31 @@ def test_records_round_trip_and_log_noise_is_skipped(tmp_path: Path) -> None:
     f = ladder.figures(records, hold_s=1.0)  # the warm-up's request is not measured
     assert f["requests"] == 2 and f["refused_429"] == {"queue_timeout": 1} and f["error_rate"] == 0.5
     assert f["goodput_rps"] == 1.0 and f["ttft_ms"]["p50"] == 12.5 and f["output_tokens_per_s"] == 33.0
+
+
+@pytest.mark.unit
+def test_a_process_cpu_counts_its_live_children() -> None:
+    """Catches: vLLM's engine core (a child process of its server) missing from the engine's CPU,
+    as psutil's children_* times count a child only once it has exited."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\ntime.sleep(30)"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {busy!r}])"]
+    )
+    try:
+        proc = psutil.Process(parent.pid)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and ladder.tree_cpu_s(proc) < 0.5:
+            time.sleep(0.1)
+        own = proc.cpu_times()
+        assert ladder.tree_cpu_s(proc) >= 0.5 > own.user + own.system + own.children_user + own.children_system
+    finally:
+        for q in psutil.Process(parent.pid).children(recursive=True):
+            q.kill()
+        parent.kill()
+        parent.wait()
