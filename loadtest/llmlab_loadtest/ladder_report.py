@@ -172,6 +172,8 @@ def assemble(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         "invocations": invocations,
         "commits": sorted({i["git_commit"] for i in invocations}),
         "target": first.get("target", ""),
+        "targets": {run: steps[0].get("target", "") for run, steps in runs.items()},
+        "classes": {run: steps[0].get("classes", "") for run, steps in runs.items()},
         "metadata": first["metadata"],
         "slo": {"ttft_p95_ms": TTFT_SLO_MS, "tpot_ms": TPOT_SLO_MS, "max_error_rate": MAX_ERROR_RATE},
         "hold_s": sorted({s["hold_s"] for steps in runs.values() for s in steps}),
@@ -332,7 +334,8 @@ def markdown(doc: dict[str, Any], images: list[str]) -> str:
         fp = v["failure_point"]
         sl = v["safe_limit"]
         lines.append(
-            f"- Run `{run}`: failure point "
+            f"- Run `{run}`{' (another target: see its steps)' if doc['targets'].get(run) != doc['target'] else ''}: "
+            "failure point "
             + (
                 f"**step {fp['step']}** ({fp['why']}; unanswered by class: {_codes(fp['unanswered_by_class'])}; "
                 f"failures: {_codes(fp['failures'])})"
@@ -359,7 +362,10 @@ def markdown(doc: dict[str, Any], images: list[str]) -> str:
         "",
     ]
     for run in runs:
-        lines += [f"## Steps of run `{run}`", "", *step_tables(doc["runs"][run]), ""]
+        lines += [f"## Steps of run `{run}`", ""]
+        if doc["targets"].get(run) != doc["target"] or doc["classes"].get(run) != doc["classes"].get(runs[0]):
+            lines += [f"Target: {doc['targets'][run]}; classes: {doc['classes'][run]}.", ""]
+        lines += [*step_tables(doc["runs"][run]), ""]
     if doc["spread"]:
         keys = list(SPREAD_FIGURES)
         lines += [
