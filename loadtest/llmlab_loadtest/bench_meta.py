@@ -128,6 +128,11 @@ def metadata_block(
     return out
 
 
+def metadata_section(meta: dict[str, Any], heading: str = "## Metadata") -> list[str]:
+    """The metadata block as a Markdown section (a JSON code block under ``heading``)."""
+    return [heading, "", "```json", json.dumps(meta, indent=1), "```", ""]
+
+
 def write_outputs(
     doc: dict[str, Any],
     out_dir: Path,

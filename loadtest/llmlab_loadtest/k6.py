@@ -144,6 +144,8 @@ def simulated_stack(budget: bool) -> Iterator[dict[str, str]]:
 
 
 def markdown(doc: dict[str, Any]) -> str:
+    from llmlab_loadtest.bench_meta import metadata_section
+
     run = doc["k6"]
     lines = [
         f"# k6 `{doc['scenario']}` against {doc['target']}",
@@ -160,7 +162,7 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["", "| threshold | held |", "|---|---|"]
     lines += [f"| `{t}` | {'yes' if ok else '**no**'} |" for t, ok in doc["thresholds"].items()]
     lines += ["", "What each figure means: `loadtest/k6/lib/openai.js`.", ""]
-    lines += ["## Metadata", "", "```json", json.dumps(doc["metadata"], indent=1), "```", ""]
+    lines += metadata_section(doc["metadata"])
     return "\n".join(lines)
 
 

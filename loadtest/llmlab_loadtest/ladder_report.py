@@ -23,6 +23,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from llmlab_loadtest.bench_meta import metadata_section
 from llmlab_loadtest.ladder import INTERACTIVE, MAX_ERROR_RATE, TPOT_SLO_MS, TTFT_SLO_MS, load_steps
 
 log = logging.getLogger(__name__)
@@ -423,15 +424,7 @@ def markdown(doc: dict[str, Any], images: list[str]) -> str:
         f"| {i['run']} | {i['step']} | {i['started']} | {i['git_commit'][:10]} | `{i['command']}` |"
         for i in doc["invocations"]
     ]
-    lines += [
-        "",
-        "## Metadata (§12, first step of the first run)",
-        "",
-        "```json",
-        json.dumps(doc["metadata"], indent=1),
-        "```",
-        "",
-    ]
+    lines += ["", *metadata_section(doc["metadata"], "## Metadata (§12, first step of the first run)")]
     return "\n".join(lines)
 
 

@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 import psutil
 
+from llmlab_loadtest.bench_meta import metadata_section
 from llmlab_loadtest.ladder import GENERATE_TO_MAX, LLAMA, Target, machine_pids, tree_cpu_s
 
 log = logging.getLogger(__name__)
@@ -296,12 +297,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         PEERS_NOTE,
         "",
-        "## Metadata",
-        "",
-        "```json",
-        json.dumps(doc["metadata"], indent=1),
-        "```",
-        "",
+        *metadata_section(doc["metadata"]),
     ]
     return "\n".join(lines)
 
