@@ -290,6 +290,15 @@ def tree_cpu_s(p: psutil.Process) -> float:
     return total
 
 
+def cpu_seconds(procs: dict[str, psutil.Process]) -> dict[str, float]:
+    """CPU seconds so far of each process, its live descendants included (one gone is left out)."""
+    out: dict[str, float] = {}
+    for name, p in list(procs.items()):
+        with suppress(psutil.Error):
+            out[name] = tree_cpu_s(p)
+    return out
+
+
 class Sampler:
     """Every ``every_s``: CPU seconds (user + system) of each watched process and of the machine,
     and the stack's queue gauges. Runs in a thread of the runner (not the client's process)."""
@@ -326,10 +335,7 @@ class Sampler:
             self._stop.wait(self.every_s)
 
     def sample(self) -> dict[str, Any]:
-        cpu: dict[str, float] = {}
-        for name, p in list(self.procs.items()):
-            with suppress(psutil.Error):
-                cpu[name] = tree_cpu_s(p)
+        cpu = cpu_seconds(self.procs)
         m = psutil.cpu_times()
         gauges: dict[str, float] = {}
         buckets: dict[float, float] = {}
@@ -424,6 +430,11 @@ def read_records_csv(path: Path) -> list[dict[str, Any]]:
             r[k] = v if k in ("p", "c", "e") else (float(v) if v != "" else None)
         out.append(r)
     return out
+
+
+def show(v: Any, spec: str = "{:.0f}") -> str:
+    """A figure for a table or a log line: ``-`` where there is none (no answered request)."""
+    return "-" if v is None else spec.format(v)
 
 
 def hold_began(records: Sequence[dict[str, Any]]) -> float | None:
@@ -684,7 +695,7 @@ def cmd_run(a: argparse.Namespace) -> int:
                 f["requests"],
                 f["completed_rps"],
                 f["goodput_rps"],
-                _round(f["ttft_ms"]["p95"]),
+                show(f["ttft_ms"]["p95"]),
                 100 * doc["window"]["cpu_cores"].get("client", 0.0),
                 doc["limited_by"],
                 f"; STOP: {doc['stop_reason']}" if doc["stop_reason"] else "",
@@ -693,10 +704,6 @@ def cmd_run(a: argparse.Namespace) -> int:
                 log.info("the ladder stops at step %d: %s", vus, doc["stop_reason"])
                 break
     return 0
-
-
-def _round(v: float | None) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.0f}"
 
 
 @contextmanager

@@ -25,6 +25,7 @@ from typing import Any
 
 from llmlab_loadtest.bench_meta import metadata_section
 from llmlab_loadtest.ladder import INTERACTIVE, MAX_ERROR_RATE, TPOT_SLO_MS, TTFT_SLO_MS, load_steps
+from llmlab_loadtest.ladder import show as _f
 
 log = logging.getLogger(__name__)
 
@@ -183,10 +184,6 @@ def assemble(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 # --- rendering ----------------------------------------------------------------------------
-
-
-def _f(v: Any, fmt: str = "{:.0f}") -> str:
-    return "-" if v is None else fmt.format(v)
 
 
 def _codes(d: dict[str, Any]) -> str:

@@ -29,15 +29,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 
 from llmlab_loadtest.bench_meta import metadata_section
-from llmlab_loadtest.ladder import GENERATE_TO_MAX, LLAMA, Target, machine_pids, tree_cpu_s
+from llmlab_loadtest.ladder import GENERATE_TO_MAX, LLAMA, Target, cpu_seconds, machine_pids
+from llmlab_loadtest.ladder import show as _f
 
 log = logging.getLogger(__name__)
 
@@ -51,22 +51,11 @@ TARGETS = ("direct", "ours", "litellm")
 OURS = ("gateway", "router", "budget", "accounting", "worker-vllm", "nats", "redis")
 
 
-def wait_http(url: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} not ready after {timeout:.0f} s")
-
-
 @contextmanager
-def litellm_proxy(litellm_bin: Path, upstream: str, work: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """LiteLLM's proxy in front of ``upstream`` (an OpenAI-compatible engine), one worker process."""
-    from llmlab_testkit.procs import free_port
+def litellm_proxy(litellm_bin: Path, upstream: str, work: Path) -> Iterator[Any]:
+    """LiteLLM's proxy in front of ``upstream`` (an OpenAI-compatible engine), one worker process;
+    its log is the test kit's (``ManagedProcess``)."""
+    from llmlab_testkit.procs import ManagedProcess, free_port
 
     work.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -93,19 +82,13 @@ def litellm_proxy(litellm_bin: Path, upstream: str, work: Path) -> Iterator[subp
     }
     env.pop("DATABASE_URL", None)
     cmd = [str(litellm_bin), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
-    logf = (work / "litellm.log").open("wb")
-    proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = ManagedProcess("litellm", cmd, env, ready_url=f"http://127.0.0.1:{port}/health/liveliness").start()
     proc.port = port  # type: ignore[attr-defined]
     try:
-        wait_http(f"http://127.0.0.1:{port}/health/liveliness")
+        proc.wait_ready(timeout=120)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        logf.close()
+        proc.stop()
 
 
 @contextmanager
@@ -162,7 +145,7 @@ def peer_targets(litellm_bin: Path, work: Path) -> Iterator[dict[str, Target]]:
                 metrics={n: f"{url(p)}/metrics" for n, p in (("gateway", gw), ("router", router), ("twin-llama", sim))},
             ),
             "litellm": Target(
-                url=f"http://127.0.0.1:{proxy.port}",  # type: ignore[attr-defined]
+                url=f"http://127.0.0.1:{proxy.port}",
                 api_keys=[LITELLM_KEY],
                 model=PEER_MODEL,
                 class_models="",
@@ -184,15 +167,6 @@ def proxy_cpu(target: str, cpu: dict[str, float]) -> float:
     return 0.0
 
 
-def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    """CPU seconds so far of each process (its live descendants included)."""
-    out: dict[str, float] = {}
-    for name, pid in pids.items():
-        with suppress(psutil.Error):
-            out[name] = tree_cpu_s(psutil.Process(pid))
-    return out
-
-
 def sse_run(target: Target, streams: int, per_stream: int, max_tokens: int, out: Path) -> dict[str, Any]:
     """One run of the SSE client in its own process; returns its summary and the CPU seconds each
     watched process spent meanwhile (``cpu_s``) over the client's wall time (``wall_s``)."""
@@ -202,11 +176,12 @@ def sse_run(target: Target, streams: int, per_stream: int, max_tokens: int, out:
         "--concurrency", str(streams), "--requests-per-stream", str(per_stream), "--max-tokens", str(max_tokens),
         "--summary-only", "--out", str(out), "--log-level", "WARNING",
     ]  # fmt: skip
-    before = cpu_seconds(target.pids)
+    procs = {name: psutil.Process(pid) for name, pid in target.pids.items()}
+    before = cpu_seconds(procs)
     t0 = time.monotonic()
     subprocess.run(cmd, check=True, timeout=600, capture_output=True)
     wall = time.monotonic() - t0
-    after = cpu_seconds(target.pids)
+    after = cpu_seconds(procs)
     doc = json.loads(out.read_text())
     return {
         "summary": doc["summary"],
@@ -258,10 +233,6 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _pct(v: float | None) -> float | None:
     return None if v is None else 100 * v
-
-
-def _f(v: Any, fmt: str = "{:.0f}") -> str:
-    return "-" if v is None else fmt.format(v)
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
