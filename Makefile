@@ -103,13 +103,22 @@ status: ## which native processes run
 demo: up ## the main job: stack on the simulator, streaming requests via the openai SDK, a load run, the report
 	$(PY) scripts/demo.py
 
-bench: install infra ## benchmarks -> results/: relay (stack vs simulator; default, gpu-like and capacity workloads), budget, router decision + NATS round trip, accounting ingest
-	$(PY) -m llmlab_loadtest.relay_bench
-	$(PY) -m llmlab_loadtest.relay_bench --workload gpu-like
-	$(PY) -m llmlab_loadtest.relay_bench --workload capacity
-	$(PY) -m llmlab_loadtest.budget_bench
-	$(PY) -m llmlab_loadtest.router_bench
-	$(PY) -m llmlab_loadtest.accounting_bench
+# One workload per invocation of its module; `make bench` runs the data-plane three (about 8 minutes).
+BENCH_WORKLOADS := cost gpu-like thousand
+BENCH_CMD_cost := -m llmlab_loadtest.cost_bench
+BENCH_CMD_default := -m llmlab_loadtest.relay_bench
+BENCH_CMD_gpu-like := -m llmlab_loadtest.relay_bench --workload gpu-like
+BENCH_CMD_thousand := -m llmlab_loadtest.relay_bench --workload thousand
+BENCH_CMD_capacity := -m llmlab_loadtest.relay_bench --workload capacity
+BENCH_CMD_budget := -m llmlab_loadtest.budget_bench
+BENCH_CMD_router := -m llmlab_loadtest.router_bench
+BENCH_CMD_accounting := -m llmlab_loadtest.accounting_bench
+bench: install infra ## benchmarks -> results/ on a committed tree: make bench [WORKLOAD=cost|gpu-like|thousand|default|capacity|budget|router|accounting] [BENCH_ARGS=...]; default: cost, gpu-like, thousand (the data plane)
+	@for w in $(or $(WORKLOAD),$(BENCH_WORKLOADS)); do \
+	  case "$$w" in cost|default|gpu-like|thousand|capacity|budget|router|accounting) ;; \
+	    *) echo "unknown WORKLOAD $$w"; exit 2;; esac; \
+	done
+	$(foreach w,$(or $(WORKLOAD),$(BENCH_WORKLOADS)),timeout 900 $(PY) $(BENCH_CMD_$(w)) $(BENCH_ARGS) &&) true
 
 bench-engine-modes: install install-vllm infra ## worker-vllm on real vLLM (CPU): HTTP server vs in-process engine, CPU per token -> results/engine-modes/
 	$(PY) -m llmlab_loadtest.engine_mode_bench

@@ -78,6 +78,24 @@ METADATA_FIELDS = (
 )
 
 
+def dirty_files() -> list[str]:
+    """Tracked files that differ from HEAD (a run's own new result files do not make its code differ)."""
+    return [line for line in git("status", "--porcelain", "--untracked-files=no").splitlines() if line.strip()]
+
+
+def require_committed(allow_dirty: bool) -> list[str]:
+    """A benchmark measures a committed tree: exits when tracked files differ from HEAD, unless
+    ``allow_dirty`` (``--dirty``); returns the differing files for the metadata."""
+    # porcelain lines are "XY path"; git() strips the first line's leading blank
+    dirty = [line.split(maxsplit=1)[-1] for line in dirty_files()]
+    if dirty and not allow_dirty:
+        raise SystemExit(
+            f"refusing to benchmark a modified tree ({len(dirty)} tracked files differ from HEAD: "
+            f"{', '.join(dirty[:5])}); commit, or pass --dirty and the result says so"
+        )
+    return dirty
+
+
 def metadata_block(
     *,
     started: dt.datetime,
@@ -95,7 +113,7 @@ def metadata_block(
     **extra: Any,
 ) -> dict[str, Any]:
     # Tracked files only: a run's own outputs (new result files) do not make the code it ran differ.
-    dirty = [line for line in git("status", "--porcelain", "--untracked-files=no").splitlines() if line.strip()]
+    dirty = dirty_files()
     out: dict[str, Any] = {
         "date": started.isoformat(timespec="seconds"),
         "git_commit": git("rev-parse", "HEAD") or "unknown",

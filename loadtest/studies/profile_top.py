@@ -10,45 +10,17 @@ results/relay-gpu-check/20261203/profiles/*-top.txt."""
 from __future__ import annotations
 
 import collections
-import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-PACKAGES = (
-    "llmlab_", "vllm", "nats", "aiohttp", "pydantic", "asyncio", "uvloop", "starlette", "fastapi", "uvicorn",
-    "transformers", "tokenizers", "zmq", "msgspec", "torch", "prometheus_client", "orjson", "json",
-)  # fmt: skip
-
-
-def stacks(path: str) -> Iterator[tuple[list[str], int]]:
-    """(frames, outermost first; samples) of each line of a raw profile."""
-    for line in Path(path).read_text().splitlines():
-        stack, _, count = line.rstrip().rpartition(" ")
-        if stack:
-            yield stack.split(";"), int(count)
-
-
-def package(frame: str) -> str:
-    m = re.search(r"\((.*?):\d+\)", frame)
-    path = m.group(1) if m else frame
-    for key in PACKAGES:
-        if key in path:
-            return key.rstrip("_") if key != "llmlab_" else "llmlab (ours)"
-    return "other"
+from llmlab_loadtest.profiles import stacks, summary
 
 
 def by_package(path: str) -> None:
-    packages: collections.Counter[str] = collections.Counter()
-    leaves: collections.Counter[str] = collections.Counter()
-    total = 0
-    for frames, n in stacks(path):
-        total += n
-        packages[package(frames[-1])] += n
-        leaves[re.sub(r" \(.*", "", frames[-1]) + " " + package(frames[-1])] += n
-    print(f"== {path}: {total} samples")
-    print("   by package: " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in packages.most_common(8)))
-    print("   top leaves: " + "; ".join(f"{k} {100 * v / total:.0f}%" for k, v in leaves.most_common(6)))
+    s = summary(Path(path), top=8)
+    print(f"== {path}: {s['samples']} samples")
+    print("   by package: " + ", ".join(f"{k} {v:.0f}%" for k, v in s["by_package"].items()))
+    print("   top leaves: " + "; ".join(f"{k} {v:.0f}%" for k, v in list(s["top_leaves"].items())[:6]))
 
 
 def by_frame(path: str) -> None:

@@ -1,0 +1,120 @@
+"""The relay cost benchmark's figures and targets, the Prometheus scrape helpers, and the rule that
+a benchmark measures a committed tree. Expected values are worked out by hand in the comments."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llmlab_loadtest import bench_meta, promscrape
+from llmlab_loadtest import cost_bench as cb
+
+pytestmark = pytest.mark.unit
+
+
+def _window(tokens: int, ok: int, delivered: int, cpu: dict[str, float], refused: int = 0) -> dict[str, Any]:
+    return {
+        "variant": "this",
+        "max_tokens": tokens,
+        "profiled": False,
+        "requests_ok": ok,
+        "requests_refused": refused,
+        "tokens": delivered,
+        "cpu_s": cpu,
+        "router_fallbacks": 0,
+    }
+
+
+def _cpu(gw: float, wk: float, other: float = 0.1) -> dict[str, float]:
+    return {"gateway": gw, "worker": wk, "budget": other, "router": other, "accounting": other, "simulator": 5.0}
+
+
+def test_per_request_and_per_token_figures() -> None:
+    # 2 tokens: 1,000 requests; gateway 1.0 s -> 1 ms/request, worker 0.8 s -> 0.8 ms, the other
+    # three 0.1 s -> 0.1 ms each: 1 + 0.8 + 0.3 = 2.1 ms per request (the simulator not counted).
+    # 64 tokens: 100 requests; gateway 0.5 s -> 5 ms, worker 0.42 s -> 4.2 ms.
+    # Per added token over 62 tokens: gateway 4 ms / 62 = 64.5 us, worker 3.4 / 62 = 54.8 us.
+    short = _window(2, 1000, 2000, _cpu(1.0, 0.8))
+    long = _window(64, 100, 6400, _cpu(0.5, 0.42, other=0.01))
+    f = cb.variant_figures([short, long, dict(short), dict(long)])
+    assert f["stack_ms_per_request"] == pytest.approx(2.1)
+    assert f["us_per_added_token"]["gateway"] == pytest.approx(64.5)
+    assert f["us_per_added_token"]["worker"] == pytest.approx(54.8)
+    assert f["relay_us_per_token"] == pytest.approx(119.3)
+    assert f["tokens_per_core_s"] == {"gateway": round(1e6 / 64.5), "worker": round(1e6 / 54.8)}
+    assert f["tokens_per_request"] == {"2": 2.0, "64": 64.0}
+
+
+def test_per_token_divides_by_the_tokens_delivered_apart() -> None:
+    # The long requests delivered 32 tokens each (the engine stopped early): 30 tokens apart.
+    # gateway (5 - 1) ms / 30 = 133.3 us.
+    f = cb.variant_figures([_window(2, 1000, 2000, _cpu(1.0, 0.8)), _window(64, 100, 3200, _cpu(0.5, 0.42))])
+    assert f["us_per_added_token"]["gateway"] == pytest.approx(133.3)
+
+
+def test_targets() -> None:
+    passing = {
+        "stack_ms_per_request": 2.0,
+        "relay_us_per_token": 60.0,
+        "tokens_per_core_s": {"gateway": 16_000, "worker": 30_000},
+        "refused": 0,
+    }
+    assert [t["result"] for t in cb.targets(passing)] == ["PASS"] * 4
+    missing = {**passing, "stack_ms_per_request": 2.01, "relay_us_per_token": 60.1}
+    missing["tokens_per_core_s"] = {"gateway": 15_999}
+    assert [t["result"] for t in cb.targets(missing)] == ["MISS", "MISS", "MISS", "n/a"]
+    refused = cb.targets({**passing, "refused": 1})
+    assert {t["result"] for t in refused} == {"MISS"} and "1 requests refused" in refused[0]["note"]
+
+
+def test_prometheus_text_parsing_and_deltas() -> None:
+    before = promscrape.parse('x_total{status="200",why="a \\"b\\""} 3\n# HELP x\ny 1e3\n')
+    after = promscrape.parse('x_total{status="200",why="a \\"b\\""} 5\nx_total{status="429"} 2\ny 1500\n')
+    d = promscrape.delta(before, after)
+    assert promscrape.by_label(d, "x_total", "status") == {"200": 2.0, "429": 2.0}
+    assert promscrape.total(d, "y") == 500.0
+    assert promscrape.total(d, "x_total", {"status": "429"}) == 2.0
+
+
+def test_histogram_quantile_interpolates_as_promql() -> None:
+    text = "\n".join(
+        f'h_bucket{{pool="{p}",le="{le}"}} {n}'
+        for p, counts in (("a", (5, 15, 20, 20)), ("b", (5, 15, 20, 20)))
+        for le, n in zip(("0.1", "0.2", "0.5", "+Inf"), counts, strict=True)
+    )
+    cum = promscrape.buckets(promscrape.parse(text), "h")
+    assert cum[0] == (0.1, 10.0) and cum[-1][1] == 40.0
+    # rank 20 of 40 lies in (0.1, 0.2], which holds 20: 0.1 + 0.1 * (20 - 10) / 20 = 0.15.
+    assert promscrape.quantile(cum, 0.5) == pytest.approx(0.15)
+    # rank 39.6 in (0.2, 0.5], which holds 10: 0.2 + 0.3 * 9.6 / 10 = 0.488.
+    assert promscrape.quantile(cum, 0.99) == pytest.approx(0.488)
+    # rank 2 in the first bucket: from 0 to 0.1, 2 of 10.
+    assert promscrape.quantile(cum, 0.05) == pytest.approx(0.02)
+    inf = [(0.1, 10.0), (0.5, 10.0), (float("inf"), 20.0)]
+    assert promscrape.quantile(inf, 0.99) == 0.5  # past the last finite bound: that bound
+    assert promscrape.quantile([(0.1, 0.0), (float("inf"), 0.0)], 0.5) is None
+
+
+def test_a_benchmark_refuses_a_modified_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "new-result.json").write_text("{}")  # untracked output: still committed code
+    assert bench_meta.require_committed(False) == []
+    (tmp_path / "a.py").write_text("x = 2\n")
+    with pytest.raises(SystemExit, match="refusing to benchmark a modified tree"):
+        bench_meta.require_committed(False)
+    assert bench_meta.require_committed(True) == ["a.py"]
+
+
+def test_the_invocation_stays_under_fifteen_minutes() -> None:
+    assert cb.parse_args(["--repeats", "2"]).repeats == 2
+    with pytest.raises(SystemExit):
+        cb.parse_args(["--repeats", "8", "--baseline", "HEAD~1"])  # 34 windows of ~27 s
