@@ -78,9 +78,14 @@ METADATA_FIELDS = (
 )
 
 
+OUTPUT_DIRS = ("results/", "reports/")  # what benchmarks write (the results index is tracked): not code
+
+
 def dirty_files() -> list[str]:
-    """Tracked files that differ from HEAD (a run's own new result files do not make its code differ)."""
-    return [line for line in git("status", "--porcelain", "--untracked-files=no").splitlines() if line.strip()]
+    """Tracked files that differ from HEAD, outside the benchmarks' own outputs (a run's new result
+    files and the index it rewrites do not make the code it ran differ)."""
+    lines = git("status", "--porcelain", "--untracked-files=no").splitlines()
+    return [ln for ln in lines if ln.strip() and not ln.split(maxsplit=1)[-1].startswith(OUTPUT_DIRS)]
 
 
 def require_committed(allow_dirty: bool) -> list[str]:

@@ -107,6 +107,11 @@ def test_a_benchmark_refuses_a_modified_tree(tmp_path: Path, monkeypatch: pytest
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "new-result.json").write_text("{}")  # untracked output: still committed code
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "README.md").write_text("index\n")
+    git("add", "results/README.md")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "index")
+    (tmp_path / "results" / "README.md").write_text("index, rewritten by a run\n")  # a tracked output
     assert bench_meta.require_committed(False) == []
     (tmp_path / "a.py").write_text("x = 2\n")
     with pytest.raises(SystemExit, match="refusing to benchmark a modified tree"):
