@@ -227,6 +227,18 @@ def _wait_idle(sim: ManagedProcess, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
+def syscalls(procs: dict[str, psutil.Process]) -> dict[str, tuple[int, int]]:
+    """(read, write) system calls so far of each process (psutil's io_counters: /proc/<pid>/io)."""
+    out: dict[str, tuple[int, int]] = {}
+    for name, p in procs.items():
+        try:
+            io = p.io_counters()
+        except (psutil.Error, AttributeError):
+            continue
+        out[name] = (int(io.read_count), int(io.write_count))
+    return out
+
+
 def _py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
     exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     cmd = [exe, "record", "--pid", str(pid), "-d", str(int(seconds)), "-r", "100", "--format", "raw",
@@ -251,6 +263,7 @@ def measure(v: Variant, tokens: int, cfg: CostConfig, tmp: Path, profile_dir: Pa
         if nats is not None:
             procs["nats-server"] = nats
         g0, w0, c0, t0 = promscrape.scrape(gw), promscrape.scrape(worker), cpu_seconds(procs), time.monotonic()
+        io0 = syscalls(procs)
         spies = (
             [_py_spy(v.procs[n].pid, cfg.window_s, profile_dir / f"{n}-{tokens}tok.txt") for n in RELAY_PROCS]
             if profile_dir is not None
@@ -258,6 +271,7 @@ def measure(v: Variant, tokens: int, cfg: CostConfig, tmp: Path, profile_dir: Pa
         )
         time.sleep(cfg.window_s)
         g1, w1, c1, t1 = promscrape.scrape(gw), promscrape.scrape(worker), cpu_seconds(procs), time.monotonic()
+        io1 = syscalls(procs)
         for spy in spies:
             spy.wait(30)
     finally:
@@ -283,6 +297,8 @@ def measure(v: Variant, tokens: int, cfg: CostConfig, tmp: Path, profile_dir: Pa
         "statuses": {k: int(n) for k, n in statuses.items() if n},
         "tokens": int(promscrape.total(gd, "llmlab_gateway_completion_tokens_total")),
         "cpu_s": {n: round(c1[n] - c0[n], 3) for n in c1 if n in c0},
+        # read and write system calls (/proc/<pid>/io): what one more message or socket write costs
+        "syscalls": {n: [io1[n][0] - io0[n][0], io1[n][1] - io0[n][1]] for n in io1 if n in io0},
         "queue_wait_ms": {k: None if x is None else round(1e3 * x, 1) for k, x in qwait.items()},
         "router_fallbacks": int(promscrape.total(gd, "llmlab_gateway_router_fallbacks_total")),
     }
@@ -424,6 +440,24 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 _f(f["us_per_added_token"].get(p), 1),
             ]
         lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## System calls per answered request (read / write; gateway and worker, mean over the measured windows)",
+        "",
+        "| variant | tokens | gateway | worker | nats-server |",
+        "|---|---:|---|---|---|",
+    ]
+    for n in names:
+        for length in (SHORT, LONG):
+            ws = [w for w in doc["windows"] if w["variant"] == n and w["max_tokens"] == length and not w["profiled"]]
+            cells = []
+            for proc in ("gateway", "worker", "nats-server"):
+                per = [(r / w["requests_ok"], wr / w["requests_ok"]) for w in ws if w["requests_ok"]
+                       for r, wr in [w.get("syscalls", {}).get(proc, (0, 0))]]  # fmt: skip
+                cells.append(
+                    f"{sum(a for a, _ in per) / len(per):.1f} / {sum(b for _, b in per) / len(per):.1f}" if per else "-"
+                )
+            lines.append(f"| {n} | {length} | " + " | ".join(cells) + " |")
     lines += ["", "## Windows", "", "| variant | repeat | tokens | answered | refused | router fallbacks | "
               "queue wait p50/p95/p99 ms | tokens/request |", "|---|---:|---:|---:|---:|---:|---|---:|"]  # fmt: skip
     for w in doc["windows"]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from llmlab_common import SCHEMA_VERSION
@@ -176,6 +177,33 @@ class TokenChunk(_RequestMsg):
         if self.tokens is not None:
             return self.tokens
         return len(self.token_times) or (1 if self.text or self.tool_calls else 0)
+
+
+def token_chunk_json(
+    request_id: str,
+    attempt: int,
+    seq: int,
+    text: str,
+    token_times: list[float],
+    tokens: int,
+    tool_calls: list[dict[str, Any]] | None = None,
+) -> bytes:
+    """A :class:`TokenChunk` on the wire, written without building the model: the worker's hot
+    path (one per token at a GPU's pace), where ``model_construct`` + ``model_dump_json`` cost
+    about ten times orjson's write of the same object. Parses back to the same TokenChunk."""
+    out: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "request_id": request_id,
+        "kind": "tokens",
+        "attempt": attempt,
+        "seq": seq,
+        "text": text,
+        "token_times": token_times,
+        "tokens": tokens,
+    }
+    if tool_calls:
+        out["tool_calls"] = tool_calls
+    return orjson.dumps(out)
 
 
 class StreamEnd(_RequestMsg):

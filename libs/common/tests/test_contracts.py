@@ -2,7 +2,16 @@ from __future__ import annotations
 
 import pytest
 from llmlab_common.errors import InvalidRequest, RateLimited, ServiceUnavailable, error_from_info
-from llmlab_common.messages import STREAM_MESSAGE, StreamEnd, Timings, TokenChunk, Usage, join_batch, split_batch
+from llmlab_common.messages import (
+    STREAM_MESSAGE,
+    StreamEnd,
+    Timings,
+    TokenChunk,
+    Usage,
+    join_batch,
+    split_batch,
+    token_chunk_json,
+)
 from llmlab_common.metrics import Metrics, parse_prometheus_text
 from llmlab_common.subjects import Topology, attempt_msg_id
 
@@ -57,6 +66,21 @@ def test_stream_messages_round_trip_by_kind() -> None:
     assert STREAM_MESSAGE.validate_json(chunk.model_dump_json()) == chunk
     assert STREAM_MESSAGE.validate_json(end.model_dump_json()) == end
     assert chunk.schema_version == 1
+
+
+def test_the_hand_written_token_chunk_is_the_models_wire_form() -> None:
+    """The worker writes token messages without the model: the gateway must parse them into the
+    very TokenChunk the model would have sent (text with quotes, newlines and non-ASCII; tool
+    calls only when there are some; no newline that would split a batch)."""
+    text = 'say "hi"\n\u00e9\u4e2d \\ end'
+    for tools in (None, [{"index": 0, "function": {"name": "f", "arguments": "{"}}]):
+        raw = token_chunk_json("r1", 2, 7, text, [0.5, 0.52], 3, tools)
+        model = TokenChunk(
+            request_id="r1", attempt=2, seq=7, text=text, token_times=[0.5, 0.52], tokens=3, tool_calls=tools
+        )
+        assert STREAM_MESSAGE.validate_json(raw) == model
+        assert STREAM_MESSAGE.validate_json(model.model_dump_json(exclude_none=True)) == model
+        assert b"\n" not in raw and split_batch(join_batch([raw, raw])) == [raw, raw]
 
 
 def test_errors_have_openai_shape_and_retry_after() -> None:

@@ -23,8 +23,8 @@ from llmlab_common.messages import (
     StreamError,
     StreamStarted,
     Timings,
-    TokenChunk,
     Usage,
+    token_chunk_json,
 )
 
 from llmlab_worker.engine import EngineEvent, EngineRequestError
@@ -74,19 +74,19 @@ class Coalescer:
             self._timer = None
         if not self.times:
             return
-        # model_construct: built from our own fields on the hot path, no validation needed.
-        msg = TokenChunk.model_construct(
-            request_id=self.req.request_id,
-            attempt=self.req.attempt,
-            seq=self.next_seq(),
-            text="".join(self.text),
-            tool_calls=self.tools or None,
-            token_times=self.times,
-            tokens=self.tokens,
+        # Written straight from our own fields (no model, no validation) on the per-token path.
+        payload = token_chunk_json(
+            self.req.request_id,
+            self.req.attempt,
+            self.next_seq(),
+            "".join(self.text),
+            self.times,
+            self.tokens,
+            self.tools or None,
         )
         self.text, self.times, self.tools, self.tokens = [], [], [], 0
         self.last_flush = time.monotonic()
-        self.publish(self.req.reply_subject, msg.model_dump_json(exclude_none=True).encode())
+        self.publish(self.req.reply_subject, payload)
         self.sent += 1
 
     def next_seq(self) -> int:

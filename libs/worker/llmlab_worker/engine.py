@@ -53,6 +53,10 @@ class EngineEvent:
     engine_queue_s: float | None = None
 
 
+# What _line_event returns for the engine's "data: [DONE]": the stream is over.
+_DONE = EngineEvent(at=-1.0)
+
+
 class EngineAdapter(Protocol):
     """What the worker lifecycle calls on an engine, whichever way it is reached."""
 
@@ -222,25 +226,45 @@ class OpenAIEngineAdapter:
             if resp.status != 200:
                 text = await resp.text()
                 raise EngineRequestError(resp.status, _engine_error_message(text))
-            counted = 0  # completion tokens of the running usage so far
+            counted = [0]  # completion tokens of the running usage so far
+            chat = req.endpoint == "chat"
+            rest = b""  # a line not complete yet
             try:
-                async for raw in resp.content:
-                    if not raw.startswith(b"data:"):
+                # Read what arrived and split it ourselves: one await per network read, where the
+                # body's line iterator costs one per line (and an SSE event is two lines).
+                async for part in resp.content.iter_any():
+                    if b"\n" not in part:
+                        rest += part
                         continue
-                    data = raw[5:].strip()
-                    if data == b"[DONE]":
-                        return
-                    obj = orjson.loads(data)
-                    event = self.parse_chunk(obj, time.monotonic(), req.endpoint == "chat")
-                    if event is not None:
-                        running = (obj.get("usage") or {}).get("completion_tokens")
-                        if running is not None:
-                            event.engine_counted = True
-                            event.tokens = max(0, running - counted)
-                            counted = max(counted, running)
-                        yield event
+                    *lines, rest = (rest + part).split(b"\n")
+                    for raw in lines:
+                        event = self._line_event(raw, chat, counted)
+                        if event is _DONE:
+                            return
+                        if event is not None:
+                            yield event
+                event = self._line_event(rest, chat, counted)  # a last line without its newline
+                if event is not None and event is not _DONE:
+                    yield event
             except aiohttp.ClientPayloadError as exc:
                 raise EngineRequestError(0, f"engine stream broke: {exc}") from exc
+
+    def _line_event(self, raw: bytes, chat: bool, counted: list[int]) -> EngineEvent | None:
+        """One line of the engine's SSE body: its event, None (nothing to pass on), or ``_DONE``."""
+        if not raw.startswith(b"data:"):
+            return None
+        data = raw[5:].strip()
+        if data == b"[DONE]":
+            return _DONE
+        obj = orjson.loads(data)
+        event = self.parse_chunk(obj, time.monotonic(), chat)
+        if event is not None:
+            running = (obj.get("usage") or {}).get("completion_tokens")
+            if running is not None:
+                event.engine_counted = True
+                event.tokens = max(0, running - counted[0])
+                counted[0] = max(counted[0], running)
+        return event
 
     @staticmethod
     def parse_chunk(obj: dict[str, Any], at: float, chat: bool) -> EngineEvent | None:

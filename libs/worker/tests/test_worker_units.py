@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -196,3 +197,54 @@ async def test_outbox_sends_at_once_after_a_quiet_spell_and_batches_under_load()
         assert min(later) - nc.published[0][0] >= 0.045 and max(later) - min(later) < 0.005
     finally:
         runner.cancel()
+
+
+def _sse_body(texts: list[str], done: bool) -> bytes:
+    """An OpenAI chat stream: a role chunk, one chunk per text with the running usage, the finish."""
+    lines = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]}]
+    for i, t in enumerate(texts, 1):
+        lines.append({"choices": [{"delta": {"content": t}}], "usage": {"completion_tokens": 2 * i}})
+    lines.append({"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": {"completion_tokens": 2 * len(texts)}})
+    body = b"".join(b"data: " + json.dumps(o).encode() + b"\n\n" for o in lines)
+    return body + (b"data: [DONE]\n\n" if done else b"")
+
+
+@pytest.mark.parametrize("piece", [1, 7, 64, 1 << 16])
+@pytest.mark.parametrize("ending", ["done", "done-without-newline", "no-done"])
+async def test_the_engine_stream_is_read_whatever_the_network_pieces(piece: int, ending: str) -> None:
+    """The adapter splits the body into lines itself: an event cut anywhere (inside 'data:', its
+    JSON, between the two newlines) arrives whole, once, in order, with its tokens counted from
+    the running usage; a last line without its newline still counts; [DONE] ends the stream."""
+    from aiohttp import web
+
+    texts = ["Hel", "lo, ", "wörld", ' "quoted"']
+    body = _sse_body(texts, ending != "no-done")
+    if ending != "done":  # the body's last line ([DONE], or else the finishing chunk) without its newline
+        body = body.rstrip(b"\n")
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(0, len(body), piece):
+            await resp.write(body[i : i + piece])
+            await asyncio.sleep(0)
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    adapter = OpenAIEngineAdapter(f"http://127.0.0.1:{port}", 4)
+    await adapter.start()
+    try:
+        events = [ev async for ev in adapter.stream(_req())]
+    finally:
+        await adapter.close()
+        await runner.cleanup()
+    assert [ev.text for ev in events if ev.text] == texts
+    assert [ev.tokens for ev in events if ev.text] == [2, 2, 2, 2]
+    assert events[-1].finish_reason == "stop" and events[-1].usage is not None
+    assert events[-1].usage.completion_tokens == 8

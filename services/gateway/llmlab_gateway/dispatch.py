@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
@@ -57,6 +58,12 @@ class _Inflight:
     done: bool = False
     last_msg_at: float = field(default_factory=time.monotonic)
     queued: Any = None  # the queued-attempts gauge child while no worker has taken it yet
+    # While the request's reader waits on a sweeper-enforced timeout: when it expires (monotonic).
+    deadline: float = math.inf
+
+
+# Put in a waiting reader's queue by the sweeper when its deadline passed: "nothing came in time".
+_EXPIRED: Any = object()
 
 
 def _taken(inf: _Inflight) -> None:
@@ -67,18 +74,34 @@ def _taken(inf: _Inflight) -> None:
 
 
 class _Handle:
-    def __init__(self, inflight: _Inflight) -> None:
+    def __init__(self, inflight: _Inflight, sweep_interval_s: float) -> None:
         self._inf = inflight
         self.attempt = inflight.attempt
+        # Waits at least this long are timed by the sweeper, which walks every request each
+        # interval anyway (late by at most one interval, a tenth of the wait or less): a stream's
+        # idle timeout is waited for once per token, and a timer per wait costs more than the
+        # message itself (asyncio.timeout: about 4 us a wait).
+        self._swept_from = 10 * sweep_interval_s
 
     def next_nowait(self) -> AttemptMessage | None:
         q = self._inf.queue
-        return q.get_nowait() if not q.empty() else None
+        m = q.get_nowait() if not q.empty() else None
+        return None if m is _EXPIRED else m  # a sentinel left by a reader that was cancelled
 
     async def next(self, timeout: float) -> AttemptMessage | None:
-        q = self._inf.queue
-        if not q.empty():
-            return q.get_nowait()
+        inf = self._inf
+        q = inf.queue
+        while not q.empty():
+            m = q.get_nowait()
+            if m is not _EXPIRED:  # left over from an earlier wait that ended otherwise
+                return m
+        if timeout >= self._swept_from:
+            inf.deadline = time.monotonic() + timeout
+            try:
+                m = await q.get()
+            finally:
+                inf.deadline = math.inf
+            return None if m is _EXPIRED else m
         try:
             # asyncio.timeout() wraps the current task; wait_for would create one per message.
             async with asyncio.timeout(timeout):
@@ -206,7 +229,7 @@ class NatsDispatcher:
         except BaseException:
             _taken(inf)
             raise
-        return _Handle(inf)
+        return _Handle(inf, self._sweep_interval)
 
     def cancel(self, request_id: str, attempt: int | None, reason: str) -> None:
         msg = CancelRequest(request_id=request_id, attempt=attempt, reason=reason)
@@ -318,6 +341,8 @@ class NatsDispatcher:
             await asyncio.sleep(self._sweep_interval)
             now = time.monotonic()
             for inf in list(self.inflight.values()):
+                if inf.deadline <= now and inf.queue.empty():
+                    inf.queue.put_nowait(_EXPIRED)  # its reader's wait timed out
                 # A worker addressed directly that dies before taking the attempt is lost too:
                 # its consumer would hold the message until the queue timeout otherwise.
                 wid = inf.worker_id or inf.target_worker

@@ -148,3 +148,48 @@ async def test_queued_attempts_count_what_no_worker_took_by_pool_and_priority() 
     with pytest.raises(TimeoutError):
         await d.dispatch(req("e", 1, 1), target)
     assert _queued(metrics)[("gpu-vllm", "1")] == 0
+
+
+def _swept_dispatcher(interval: float) -> NatsDispatcher:
+    d = _dispatcher()
+    d._sweep_interval = interval
+    return d
+
+
+@pytest.mark.timeout(20)  # a wait nothing ends would hang here
+async def test_a_long_wait_is_timed_by_the_sweeper_and_a_short_one_by_a_timer() -> None:
+    """The per-token idle wait has no timer of its own: the sweeper ends it within an interval of
+    its deadline. Catches a wait the sweeper never ends (a stream that hangs on a silent worker),
+    one it ends early, and an expiry left in the queue that a later wait takes for a timeout."""
+    import asyncio
+    import time
+
+    from llmlab_gateway.dispatch import _EXPIRED, _Handle
+
+    d = _swept_dispatcher(0.02)
+    sweeper = asyncio.create_task(d._sweep_loop())
+    try:
+        inf = _Inflight(attempt=1)
+        d.inflight["r1"] = inf
+        handle = _Handle(inf, d._sweep_interval)
+        t0 = time.monotonic()
+        assert await handle.next(0.3) is None  # 0.3 s >= 10 intervals: the sweeper's
+        waited = time.monotonic() - t0
+        assert 0.3 <= waited < 0.3 + 0.2, waited
+        # A message that arrives in time is returned, and the deadline is cleared after it.
+        asyncio.get_running_loop().call_later(0.05, inf.queue.put_nowait, "tok")
+        assert await handle.next(0.3) == "tok"
+        assert inf.deadline == float("inf")
+        # An expiry left behind (its reader was cancelled) is not a timeout of the next wait.
+        inf.queue.put_nowait(_EXPIRED)
+        inf.queue.put_nowait("next")
+        assert await handle.next(0.3) == "next"
+        inf.queue.put_nowait(_EXPIRED)
+        assert handle.next_nowait() is None
+        # Below ten intervals a timer ends the wait, without the sweeper.
+        sweeper.cancel()
+        t0 = time.monotonic()
+        assert await handle.next(0.1) is None
+        assert time.monotonic() - t0 < 0.15
+    finally:
+        sweeper.cancel()
