@@ -12,7 +12,14 @@ from typing import Any
 
 import httpx
 import pytest
-from llmlab_common.messages import ReserveReply, RouteReply
+from llmlab_common.messages import (
+    ReserveBatchReply,
+    ReserveReply,
+    RouteBatch,
+    RouteBatchReply,
+    RouteQuery,
+    RouteReply,
+)
 from llmlab_common.natsio import connect
 from llmlab_common.subjects import Topology
 from llmlab_testkit.budget import BudgetAdmin
@@ -104,13 +111,25 @@ async def test_garbage_on_every_subject_is_refused_or_dead_lettered_and_traffic_
         ):
             for p in [*_garbage("core"), b"{" * 5000]:
                 await nc.publish(subject, p)
-        for subject in (topo.alive_subject(GW), topo.budget_reserve_subject, topo.router_route_subject):
+        answers = {  # how each request/reply subject's refusal reads
+            topo.alive_subject(GW): None,
+            topo.budget_reserve_subject: ReserveReply,
+            topo.budget_reserve_batch_subject: ReserveBatchReply,
+            topo.router_route_subject: RouteReply,
+            topo.router_route_batch_subject: RouteBatchReply,
+        }
+        for subject, shape in answers.items():
             for p in _garbage("rr"):
                 reply = await nc.request(subject, p, timeout=5)  # an answer, not silence
-                if subject == topo.budget_reserve_subject:
-                    assert ReserveReply.model_validate_json(reply.data).error is not None
-                elif subject == topo.router_route_subject:
-                    assert RouteReply.model_validate_json(reply.data).error is not None
+                if shape is not None:
+                    assert shape.model_validate_json(reply.data).error is not None, (subject, p[:60])
+        # A good batch of route queries: one reply per query, in order.
+        queries = [RouteQuery(request_id=f"rq{i}", model=LLAMA, prompt_tokens=5, max_output_tokens=4) for i in range(3)]
+        reply = await nc.request(
+            topo.router_route_batch_subject, RouteBatch(queries=queries).model_dump_json().encode(), 5
+        )
+        routed = RouteBatchReply.model_validate_json(reply.data)
+        assert [r.request_id for r in routed.replies] == ["rq0", "rq1", "rq2"] and routed.error is None
         reserve = json.dumps({"schema_version": 1, "request_id": "rr-huge", "key_sha256": "0" * 64}).encode()
         huge = json.loads(reserve) | {"input_tokens": 10**20}
         reply = ReserveReply.model_validate_json(

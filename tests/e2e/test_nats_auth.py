@@ -130,6 +130,7 @@ async def test_each_forgery_of_the_review_is_refused(secure: tuple[AuthNats, Top
     # Reads a role must not make: a request's prompt, the reserve requests (key hashes), tokens.
     forged_subscriptions = [
         ("worker", topo.budget_reserve_subject, "read key hashes and answer reserves"),
+        ("accounting", topo.budget_reserve_batch_subject, "read batches of key hashes and answer them"),
         ("budget", f"{ns}.tok.>", "read every stream's text"),
         ("accounting", topo.pool_subject("gpu-vllm"), "read prompts"),
         ("worker", f"{inbox_prefix('gateway')}.>", "read the gateway's replies (principals)"),

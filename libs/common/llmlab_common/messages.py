@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from llmlab_common import SCHEMA_VERSION
 
 Endpoint = Literal["chat", "completions"]
+# The most requests one batched admission message (reserve, route) may carry.
+MAX_ADMISSION_BATCH = 256
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "cancelled", "error"]
 
 
@@ -377,6 +379,15 @@ class RouteReply(_RequestMsg):
     error: ErrorInfo | None = None
 
 
+class RouteBatch(_Msg):
+    queries: list[RouteQuery] = Field(min_length=1, max_length=MAX_ADMISSION_BATCH)
+
+
+class RouteBatchReply(_Msg):
+    replies: list[RouteReply] = Field(default_factory=list)
+    error: ErrorInfo | None = None
+
+
 # -- budget (request/reply between gateway and budget service) ---------------------------------
 
 
@@ -407,3 +418,15 @@ class ReserveReply(_RequestMsg):
     # The output allowance: the gateway sends this as max_tokens (clamped when the budget is short).
     max_tokens: int | None = None
     reserved_tokens: int = 0
+
+
+# Batched admission: one message carries the requests of one gateway arriving together (a burst);
+# the answer has one reply per request, in order. ``error`` set: the whole batch was refused.
+class ReserveBatch(_Msg):
+    requests: list[ReserveRequest] = Field(min_length=1, max_length=MAX_ADMISSION_BATCH)
+
+
+class ReserveBatchReply(_Msg):
+    replies: list[ReserveReply] = Field(default_factory=list)
+    error: ErrorInfo | None = None
+    retry_after_s: float | None = None

@@ -6,8 +6,8 @@ nats-server configuration with them (``python -m llmlab_common.natsauth`` writes
 
 What the roles may do, and the forgeries that are refused because of it:
 
-- only ``budget`` receives ``budget.reserve`` and answers it (replies go only to the asker's
-  inbox, ``allow_responses``): nobody else can answer a reserve with a forged principal;
+- only ``budget`` receives ``budget.reserve`` (and ``budget.reserve_batch``) and answers it
+  (replies go only to the asker's inbox, ``allow_responses``): nobody else can answer a reserve with a forged principal;
 - only ``worker`` publishes tokens and heartbeats: nobody injects text into a stream or
   forges a worker; a worker is refused any other subject, so a request whose ``reply_subject``
   names ``budget.reserve`` or an event subject cannot turn a worker into a forger either;
@@ -106,7 +106,9 @@ def permissions(topo: Topology) -> dict[str, dict[str, Any]]:
                 topo.request_event_subject,
                 topo.cancel_subject,
                 topo.budget_reserve_subject,
+                topo.budget_reserve_batch_subject,
                 topo.router_route_subject,
+                topo.router_route_batch_subject,
                 *_js_common(topo),
                 *_ordered_events(topo),
             ],
@@ -132,7 +134,7 @@ def permissions(topo: Topology) -> dict[str, dict[str, Any]]:
         },
         "budget": {
             "publish": [topo.dead_letter_subject, *_js_common(topo), *_consumer(evt, topo.BUDGET_SETTLE_CONSUMER)],
-            "subscribe": [topo.budget_reserve_subject],
+            "subscribe": [topo.budget_reserve_subject, topo.budget_reserve_batch_subject],
             "allow_responses": True,
         },
         "router": {
@@ -142,7 +144,7 @@ def permissions(topo: Topology) -> dict[str, dict[str, Any]]:
                 f"{JS}.CONSUMER.LIST.{req}",  # the queue depth per pool
                 f"{JS}.CONSUMER.INFO.{req}.>",
             ],
-            "subscribe": [topo.router_route_subject, topo.heartbeat_wildcard],
+            "subscribe": [topo.router_route_subject, topo.router_route_batch_subject, topo.heartbeat_wildcard],
             "allow_responses": True,
         },
         "accounting": {

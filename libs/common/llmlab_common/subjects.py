@@ -23,8 +23,12 @@ Layout (``<ns>`` is :attr:`InfraSettings.namespace`):
 * ``<ns>.budget.reserve``             request/reply gateway → budget (queue group ``budget``):
   authenticate + reserve, before routing. Settlement reads ``<NS>_EVENTS`` through the durable
   consumer ``budget-settle`` shared by every budget replica.
+* ``<ns>.budget.reserve_batch``       the same for several requests in one message
+  (:class:`~llmlab_common.messages.ReserveBatch`, replies in order): a gateway sends one when
+  requests arrive together (:mod:`llmlab_common.coalesce`).
 * ``<ns>.router.route``              request/reply gateway → router (queue group ``router``): the
   target chain of one request. Routers read heartbeats and ``<ns>.evt.attempt`` for live state.
+* ``<ns>.router.route_batch``        the same for several requests (:class:`~llmlab_common.messages.RouteBatch`).
 """
 
 from __future__ import annotations
@@ -159,12 +163,20 @@ class Topology:
     def budget_reserve_subject(self) -> str:
         return f"{self.namespace}.budget.reserve"
 
+    @property
+    def budget_reserve_batch_subject(self) -> str:
+        return f"{self.namespace}.budget.reserve_batch"
+
     BUDGET_QUEUE_GROUP = "budget"
 
     # -- router ------------------------------------------------------------------------------
     @property
     def router_route_subject(self) -> str:
         return f"{self.namespace}.router.route"
+
+    @property
+    def router_route_batch_subject(self) -> str:
+        return f"{self.namespace}.router.route_batch"
 
     ROUTER_QUEUE_GROUP = "router"
     BUDGET_SETTLE_CONSUMER = "budget-settle"

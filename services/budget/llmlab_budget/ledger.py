@@ -1,4 +1,5 @@
-"""Redis adapter for the ledgers: one Lua call per reserve, settle or reap (``lua/``)."""
+"""Redis adapter for the ledgers: one Lua call per reserve, settle or reap (``lua/``). Reserves
+made in the same event-loop turn (a gateway's batch, a burst) go to Redis as one pipeline."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from importlib import resources
 from typing import Any, Literal
 
 from llmlab_common.catalog import LimitSet, PlanBudget, ScopeName
+from llmlab_common.coalesce import Coalescer
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
 
 from llmlab_budget.layout import Layout
 from llmlab_budget.model import REAP_BATCH, Closed, Identity, Reservation
@@ -39,6 +42,23 @@ class Ledger:
         self._reserve = redis.register_script(_lua("reserve.lua"))
         self._settle = redis.register_script(common + "\n" + _lua("settle.lua"))
         self._reap = redis.register_script(common + "\n" + _lua("reap.lua"))
+        self._reserves: Coalescer[tuple[list[str], list[Any]], Any] = Coalescer(self._reserve_many, max_batch=256)
+
+    async def _reserve_many(self, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Run the reserve script once per call in one round trip. Each script is atomic on its
+        own, as with separate calls; nothing else about them changes."""
+        if len(calls) == 1:
+            keys, args = calls[0]
+            return [await self._reserve(keys=keys, args=args)]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for keys, args in calls:
+                pipe.evalsha(self._reserve.sha, len(keys), *keys, *args)
+            results: list[Any] = await pipe.execute(raise_on_error=False)
+        for i, r in enumerate(results):
+            if isinstance(r, NoScriptError):  # a restarted or flushed Redis: load it and retry that one
+                keys, args = calls[i]
+                results[i] = await self._reserve(keys=keys, args=args)
+        return results
 
     async def reserve(
         self,
@@ -92,7 +112,7 @@ class Ledger:
             self.layout.reservation_expiry,
             self.layout.key(identity.key_id),
         ]
-        r = await self._reserve(keys=keys, args=argv)
+        r = await self._reserves.submit((keys, argv))
         status = _s(r[0])
         if status in ("ok", "dup"):
             return Reservation(status, int(r[1]), int(r[2]))

@@ -1,15 +1,25 @@
-"""NATS side of the budget service: the reserve responder (queue group shared by replicas), the
-settlement consumer (one durable consumer shared by replicas) and the reaper loop."""
+"""NATS side of the budget service: the reserve responders (one request per message, or a gateway's
+batch answered in order; queue group shared by replicas), the settlement consumer (one durable
+consumer shared by replicas) and the reaper loop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import Coroutine
+from typing import Any
 
 from llmlab_common.codes import Code
 from llmlab_common.errors import InvalidRequest, RateLimited, ServiceUnavailable
-from llmlab_common.messages import AttemptEvent, RequestEvent, ReserveReply, ReserveRequest
+from llmlab_common.messages import (
+    AttemptEvent,
+    RequestEvent,
+    ReserveBatch,
+    ReserveBatchReply,
+    ReserveReply,
+    ReserveRequest,
+)
 from llmlab_common.natsio import ensure_consumer, event_consumer_config
 from llmlab_common.pull import BatchPuller
 from llmlab_common.subjects import Topology
@@ -32,11 +42,12 @@ class BudgetTransport:
         self.nc, self.js, self.topo = nc, js, topo
         self.service = service
         self.settings = settings
-        self._reserve_sub: Subscription | None = None
+        self._reserve_subs: list[Subscription] = []
         self._puller: BatchPuller | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: set[asyncio.Task[None]] = set()
-        service.m.pending_reserves.set_function(lambda: len(self._inflight))
+        self._pending_reserves = 0  # requests in flight, batches counted by their size
+        service.m.pending_reserves.set_function(lambda: self._pending_reserves)
         # At most pool-size reserves talk to Redis at once; the rest wait here, up to a bound.
         self._redis_slots = asyncio.Semaphore(settings.redis_pool_size)
         self._stopping = False
@@ -60,16 +71,18 @@ class BudgetTransport:
         await puller.start()
         self._tasks.append(asyncio.create_task(self._settle_loop(puller), name="budget-settle"))
         self._tasks.append(asyncio.create_task(self._reap_loop(), name="budget-reaper"))
-        self._reserve_sub = await self.nc.subscribe(
-            self.topo.budget_reserve_subject, queue=self.topo.BUDGET_QUEUE_GROUP, cb=self._on_reserve
-        )
+        group = self.topo.BUDGET_QUEUE_GROUP
+        self._reserve_subs = [
+            await self.nc.subscribe(self.topo.budget_reserve_subject, queue=group, cb=self._on_reserve),
+            await self.nc.subscribe(self.topo.budget_reserve_batch_subject, queue=group, cb=self._on_reserve_batch),
+        ]
 
     async def stop(self) -> None:
         """Stop taking reserves, finish the ones in flight, then stop settling."""
         self._stopping = True
-        if self._reserve_sub is not None:
+        for sub in self._reserve_subs:
             with contextlib.suppress(Exception):
-                await self._reserve_sub.unsubscribe()
+                await sub.unsubscribe()
         if self._inflight:
             await asyncio.wait(self._inflight, timeout=5)
         for t in self._tasks:
@@ -81,19 +94,50 @@ class BudgetTransport:
             await self._puller.close()
 
     # -- reserve -------------------------------------------------------------------------------
-    async def _on_reserve(self, msg: Msg) -> None:
-        # nats-py runs a subscription's callbacks one at a time: hand each request to its own
-        # task so reserves overlap (a semaphore the size of the Redis pool bounds them).
-        if len(self._inflight) >= self.settings.max_pending_reserves:
-            self.service.m.refusals.labels("overloaded").inc()
-            err = RateLimited("The budget service is overloaded; retry shortly.", retry_after_s=1, code=Code.OVERLOADED)
-            reply = ReserveReply(request_id="", error=err.to_info(), retry_after_s=1)
-            with contextlib.suppress(Exception):
-                await msg.respond(reply.model_dump_json(exclude_none=True).encode())
-            return
-        task = asyncio.create_task(self._reserve(msg))
+    # nats-py runs a subscription's callbacks one at a time: each message gets its own task so
+    # reserves overlap (a semaphore the size of the Redis pool bounds the messages talking to
+    # Redis; the ledger pipelines the scripts of reserves made together).
+    def _admit(self, n: int) -> bool:
+        if self._pending_reserves + n > self.settings.max_pending_reserves:
+            self.service.m.refusals.labels("overloaded").inc(n)
+            return False
+        return True
+
+    @staticmethod
+    def _overloaded() -> RateLimited:
+        return RateLimited("The budget service is overloaded; retry shortly.", retry_after_s=1, code=Code.OVERLOADED)
+
+    def _spawn(self, n: int, work: Coroutine[Any, Any, None]) -> None:
+        self._pending_reserves += n
+        task = asyncio.create_task(work)
         self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._inflight.discard(t)
+            self._pending_reserves -= n
+
+        task.add_done_callback(done)
+
+    async def _on_reserve(self, msg: Msg) -> None:
+        if not self._admit(1):
+            reply = ReserveReply(request_id="", error=self._overloaded().to_info(), retry_after_s=1)
+            await _respond(msg, reply.model_dump_json(exclude_none=True).encode())
+            return
+        self._spawn(1, self._reserve(msg))
+
+    async def _on_reserve_batch(self, msg: Msg) -> None:
+        try:
+            batch = ReserveBatch.model_validate_json(msg.data)
+        except ValidationError as exc:
+            bad = InvalidRequest(str(exc)[:300], code=Code.BAD_RESERVE)
+            await _respond(msg, ReserveBatchReply(error=bad.to_info()).model_dump_json(exclude_none=True).encode())
+            return
+        n = len(batch.requests)
+        if not self._admit(n):
+            reply = ReserveBatchReply(error=self._overloaded().to_info(), retry_after_s=1)
+            await _respond(msg, reply.model_dump_json(exclude_none=True).encode())
+            return
+        self._spawn(n, self._reserve_batch(msg, batch.requests))
 
     async def _reserve(self, msg: Msg) -> None:
         try:
@@ -102,15 +146,22 @@ class BudgetTransport:
             bad = InvalidRequest(str(exc)[:300], code=Code.BAD_RESERVE)
             reply = ReserveReply(request_id="", error=bad.to_info())
         else:
-            try:
-                async with self._redis_slots:
-                    reply = await self.service.reserve(req)
-            except Exception:
-                log.exception("reserve failed")
-                err = ServiceUnavailable("The budget service cannot reach its store.", code=Code.BUDGET_UNAVAILABLE)
-                reply = ReserveReply(request_id=req.request_id, error=err.to_info())
-        with contextlib.suppress(Exception):
-            await msg.respond(reply.model_dump_json(exclude_none=True).encode())
+            async with self._redis_slots:
+                reply = await self._reserve_one(req)
+        await _respond(msg, reply.model_dump_json(exclude_none=True).encode())
+
+    async def _reserve_batch(self, msg: Msg, reqs: list[ReserveRequest]) -> None:
+        async with self._redis_slots:
+            replies = await asyncio.gather(*(self._reserve_one(r) for r in reqs))
+        await _respond(msg, ReserveBatchReply(replies=list(replies)).model_dump_json(exclude_none=True).encode())
+
+    async def _reserve_one(self, req: ReserveRequest) -> ReserveReply:
+        try:
+            return await self.service.reserve(req)
+        except Exception:
+            log.exception("reserve failed")
+            err = ServiceUnavailable("The budget service cannot reach its store.", code=Code.BUDGET_UNAVAILABLE)
+            return ReserveReply(request_id=req.request_id, error=err.to_info())
 
     # -- settle --------------------------------------------------------------------------------
     async def _settle_loop(self, puller: BatchPuller) -> None:
@@ -173,3 +224,9 @@ class BudgetTransport:
                 await self.service.reap()
             except Exception:
                 log.exception("reaper failed")
+
+
+async def _respond(msg: Msg, data: bytes) -> None:
+    # The asker may be gone (timed out, disconnected): nothing to answer then.
+    with contextlib.suppress(Exception):
+        await msg.respond(data)

@@ -80,7 +80,9 @@ def create_app(settings: GatewaySettings) -> RawSendApp:
             router: Router = (
                 embedded
                 if settings.router == "embedded"
-                else RemoteRouter(nc, topo, settings.router_timeout_s, embedded, gm.router_degraded)
+                else RemoteRouter(
+                    nc, topo, settings.router_timeout_s, embedded, gm.router_degraded, settings.admission_batch_max
+                )
             )
             reloader = asyncio.create_task(
                 watch_catalog(holder, settings.catalog_reload_interval_s), name="catalog-reload"
@@ -89,7 +91,7 @@ def create_app(settings: GatewaySettings) -> RawSendApp:
             admitter: Admitter = (
                 StaticKeyAuthenticator(settings.api_key_sha256, settings.dev_plan, settings.auth_enabled)
                 if settings.auth == "static"
-                else BudgetAdmitter(nc, topo, settings.budget_timeout_s)
+                else BudgetAdmitter(nc, topo, settings.budget_timeout_s, settings.admission_batch_max)
             )
             app.state.gateway = Gateway(
                 settings,

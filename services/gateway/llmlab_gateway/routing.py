@@ -1,9 +1,10 @@
 """Routing adapters: the gateway asks for a target chain (first choice + fallbacks) for each request
 (the :class:`~llmlab_gateway.service.Router` port).
 
-* :class:`RemoteRouter` asks the router service over NATS (``<ns>.router.route``); when it does not
-  answer in time the gateway decides itself with its embedded router (degraded, logged and counted)
-  rather than failing the request.
+* :class:`RemoteRouter` asks the router service over NATS (``<ns>.router.route``; requests arriving
+  together as one ``<ns>.router.route_batch`` message); when it does not answer in time the gateway
+  decides itself with its embedded router (degraded, logged and counted) rather than failing the
+  request.
 * :class:`EmbeddedRouter` runs the same router core in the gateway's process (one hop less; each
   gateway then keeps its own view of pending work and prefix affinity).
 """
@@ -11,8 +12,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
-from llmlab_common.messages import RouteQuery, RouteReply
+from llmlab_common.coalesce import Coalescer
+from llmlab_common.messages import RouteBatch, RouteBatchReply, RouteQuery, RouteReply
 from llmlab_common.subjects import Topology
 from llmlab_routing.core import RouterCore
 from nats.aio.client import Client as NATS
@@ -33,17 +36,40 @@ class EmbeddedRouter:
 
 
 class RemoteRouter:
-    def __init__(self, nc: NATS, topo: Topology, timeout_s: float, fallback: EmbeddedRouter, degraded: Counter) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        topo: Topology,
+        timeout_s: float,
+        fallback: EmbeddedRouter,
+        degraded: Counter,
+        batch_max: int = 1,
+    ) -> None:
         self.nc, self.topo, self.timeout_s = nc, topo, timeout_s
         self.fallback = fallback
         self.degraded = degraded
+        self._batcher: Coalescer[RouteQuery, RouteReply] = Coalescer(self._send, max_batch=batch_max)
 
     async def route(self, query: RouteQuery) -> RouteReply:
-        payload = query.model_dump_json(exclude_none=True).encode()
         try:
-            msg = await self.nc.request(self.topo.router_route_subject, payload, timeout=self.timeout_s)
-            return RouteReply.model_validate_json(msg.data)
-        except (NatsTimeout, NoRespondersError, ValidationError) as exc:
+            return await self._batcher.submit(query)
+        except (NatsTimeout, NoRespondersError, ValidationError, BatchIncomplete) as exc:
             self.degraded.labels(type(exc).__name__).inc()
             log.warning("router service unavailable (%s): deciding in the gateway", type(exc).__name__)
             return await self.fallback.route(query)
+
+    async def _send(self, queries: list[RouteQuery]) -> Sequence[RouteReply]:
+        if len(queries) == 1:
+            payload = queries[0].model_dump_json(exclude_none=True).encode()
+            msg = await self.nc.request(self.topo.router_route_subject, payload, timeout=self.timeout_s)
+            return [RouteReply.model_validate_json(msg.data)]
+        payload = RouteBatch(queries=queries).model_dump_json(exclude_defaults=True).encode()
+        msg = await self.nc.request(self.topo.router_route_batch_subject, payload, timeout=self.timeout_s)
+        batch = RouteBatchReply.model_validate_json(msg.data)
+        if batch.error is not None or len(batch.replies) != len(queries):
+            raise BatchIncomplete(batch.error.message if batch.error else "short batch")
+        return batch.replies
+
+
+class BatchIncomplete(Exception):
+    """The router service answered a batch with an error or fewer replies than queries."""

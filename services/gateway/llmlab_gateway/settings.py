@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Literal
 
 from llmlab_common import rules
+from llmlab_common.messages import MAX_ADMISSION_BATCH
 from llmlab_common.settings import ScalableSettings
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -45,6 +46,9 @@ class GatewaySettings(ScalableSettings):
     # answer within router_timeout_s); "embedded": decide in this process with the same router core.
     router: Literal["service", "embedded"] = "service"
     router_timeout_s: float = Field(default=0.25, gt=0)
+    # Requests arriving together go to the budget and router services as one batch message of at
+    # most this many (llmlab_common.coalesce); 1 = one message per request.
+    admission_batch_max: int = Field(default=128, ge=1, le=MAX_ADMISSION_BATCH)
     # Decisions made in this process (embedded mode, or when the router service is down).
     decision_log: Path | None = Path(".run") / "gateway-decisions.jsonl"
     catalog_reload_interval_s: float = Field(default=2.0, gt=0)
