@@ -17,7 +17,8 @@ the gateway answered in it. Each repeat measures 2-token and 64-token requests:
   apart), for gateway and worker (target <= 60 us together; >= 16,000 tokens/s per core each).
 
 With ``--baseline REV`` a second stack runs the code of REV (a git worktree put first on the
-services' PYTHONPATH) and the measurements interleave: base, this, base, this. Refused requests
+services' PYTHONPATH) and the measurements interleave, the first of each pair alternating by
+repeat: base, this, then this, base. Refused requests
 (any non-200) are counted apart: a window with any is flagged and its figures miss their targets.
 After the measured windows, one window of each length is profiled with py-spy (gateway and worker,
 GIL-held samples) unless ``--no-profile``. The tree must be committed unless ``--dirty`` (then the
@@ -119,7 +120,19 @@ def variant_figures(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     )
     request_ms = sum(ms[SHORT].get(n, 0.0) for n in STACK_PROCS) if ms[SHORT] else None
     relay_us = sum(us_token[n] for n in RELAY_PROCS) if us_token and all(n in us_token for n in RELAY_PROCS) else None
+    # The slope of each repeat alone (its 2- and 64-token windows ran back to back): the spread
+    # says how much of a difference between variants is the host's noise.
+    per_repeat: list[float] = []
+    repeats = sorted({w.get("repeat", 0) for w in windows})
+    if len(repeats) > 1:
+        for r in repeats:
+            pair = [w for w in windows if w.get("repeat", 0) == r]
+            if {w["max_tokens"] for w in pair} == {SHORT, LONG}:
+                f = variant_figures(pair)
+                if f["relay_us_per_token"] is not None:
+                    per_repeat.append(f["relay_us_per_token"])
     return {
+        "relay_us_per_token_by_repeat": per_repeat,
         "ms_per_request": {str(k): v for k, v in ms.items()},
         "tokens_per_request": {str(k): round(v, 2) for k, v in tokens.items()},
         "us_per_added_token": us_token,
@@ -339,8 +352,11 @@ def run(cfg: CostConfig, argv: Sequence[str]) -> dict[str, Path]:
         time.sleep(2.0)  # the gateway sees the worker's heartbeat
         for r in range(1, cfg.repeats + 1):
             log.info("repeat %d/%d (elapsed %.0fs)", r, cfg.repeats, time.monotonic() - t_start)
+            # ABBA: the variant that goes first alternates by repeat, so a drift of the host
+            # during a repeat (or a cost of going second) does not always favour the same one.
+            order = variants if r % 2 else variants[::-1]
             for tokens in (SHORT, LONG):
-                for v in variants:
+                for v in order:
                     w = measure(v, tokens, cfg, tmp)
                     w["repeat"] = r
                     windows.append(w)
@@ -418,6 +434,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
         for t in doc["targets"][n]:
             note = f" ({t['note']})" if t["note"] else ""
             lines.append(f"| {n} | {t['target']} | {_f(t['value'], 1)} | {t['result']}{note} |")
+    for n in names:
+        runs = figs[n].get("relay_us_per_token_by_repeat") or []
+        if runs:
+            lines.append(f"\n{n}: gateway + worker µs per token by repeat: {', '.join(f'{x:.1f}' for x in runs)}.")
     procs = sorted({p for f in figs.values() for p in f["ms_per_request"].get(str(SHORT), {})})
     lines += [
         "",

@@ -123,3 +123,22 @@ def test_the_invocation_stays_under_fifteen_minutes() -> None:
     assert cb.parse_args(["--repeats", "2"]).repeats == 2
     with pytest.raises(SystemExit):
         cb.parse_args(["--repeats", "8", "--baseline", "HEAD~1"])  # 34 windows of ~27 s
+
+
+def test_each_repeat_has_its_own_slope() -> None:
+    # Repeat 1: gateway (5 - 1) ms, worker (4.2 - 0.8) ms over 62 tokens: 64.5 + 54.8 = 119.3 us.
+    # Repeat 2: gateway (3 - 1) ms, worker (2 - 0.8) ms: 32.3 + 19.4 = 51.6 us. The mean of the
+    # windows' figures: gateway (4 - 1) / 62 = 48.4, worker (3.1 - 0.8) / 62 = 37.1: 85.5 us.
+    def at(repeat: int, w: dict[str, Any]) -> dict[str, Any]:
+        return {**w, "repeat": repeat}
+
+    f = cb.variant_figures(
+        [
+            at(1, _window(2, 1000, 2000, _cpu(1.0, 0.8))),
+            at(1, _window(64, 100, 6400, _cpu(0.5, 0.42))),
+            at(2, _window(2, 1000, 2000, _cpu(1.0, 0.8))),
+            at(2, _window(64, 100, 6400, _cpu(0.3, 0.2))),
+        ]
+    )
+    assert f["relay_us_per_token_by_repeat"] == pytest.approx([119.3, 51.6], abs=0.15)  # parts rounded to 0.1
+    assert f["relay_us_per_token"] == pytest.approx(85.5, abs=0.1)
