@@ -54,6 +54,7 @@ from llmlab_testkit.procs import ManagedProcess, Stack, unique_namespace, url
 from llmlab_loadtest import promscrape
 from llmlab_loadtest.bench_meta import git, metadata_block, metadata_section, require_committed, write_outputs
 from llmlab_loadtest.ladder import cpu_seconds
+from llmlab_loadtest.profiles import py_spy
 from llmlab_loadtest.profiles import summary as profile_summary
 from llmlab_loadtest.relay_bench import find_nats_server
 
@@ -252,13 +253,6 @@ def syscalls(procs: dict[str, psutil.Process]) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
-    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    cmd = [exe, "record", "--pid", str(pid), "-d", str(int(seconds)), "-r", "100", "--format", "raw",
-           "-o", str(out), "--nonblocking", "--gil"]  # fmt: skip
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
 def measure(v: Variant, tokens: int, cfg: CostConfig, tmp: Path, profile_dir: Path | None = None) -> dict[str, Any]:
     """One window of ``cfg.window_s`` under a closed-loop load of ``cfg.streams`` streams."""
     gw, worker = url(v.procs["gateway"]), url(v.procs["worker"])
@@ -278,7 +272,7 @@ def measure(v: Variant, tokens: int, cfg: CostConfig, tmp: Path, profile_dir: Pa
         g0, w0, c0, t0 = promscrape.scrape(gw), promscrape.scrape(worker), cpu_seconds(procs), time.monotonic()
         io0 = syscalls(procs)
         spies = (
-            [_py_spy(v.procs[n].pid, cfg.window_s, profile_dir / f"{n}-{tokens}tok.txt") for n in RELAY_PROCS]
+            [py_spy(v.procs[n].pid, profile_dir / f"{n}-{tokens}tok.txt", cfg.window_s) for n in RELAY_PROCS]
             if profile_dir is not None
             else []
         )

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import collections
 import re
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,3 +51,13 @@ def summary(path: Path, top: int = 8) -> dict[str, Any]:
         "by_package": {k: share(v) for k, v in packages.most_common(top)},
         "top_leaves": {k: share(v) for k, v in leaves.most_common(top)},
     }
+
+
+def py_spy(pid: int, out: Path, seconds: float | None = None) -> subprocess.Popen[bytes]:
+    """py-spy sampling a process's GIL-held stacks at 100 Hz without pausing it, into a raw profile
+    at ``out``: for ``seconds``, or until it gets SIGINT (it writes the profile then)."""
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    duration = [] if seconds is None else ["-d", str(max(1, int(seconds)))]
+    cmd = [exe, "record", "--pid", str(pid), *duration, "-r", "100", "--format", "raw", "-o", str(out),
+           "--nonblocking", "--gil"]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -51,6 +51,7 @@ from llmlab_testkit.procs import ManagedProcess, Stack, unique_namespace, url
 
 from llmlab_loadtest import promscrape
 from llmlab_loadtest.bench_meta import cpu_model, dirty_files, dist_version, git, require_committed, write_outputs
+from llmlab_loadtest.profiles import py_spy
 from llmlab_loadtest.profiles import summary as profile_summary
 from llmlab_loadtest.sse_client import percentile, raise_nofile_limit
 
@@ -634,13 +635,6 @@ def _is_warning(line: str) -> bool:
         or " warning " in low
         or " error " in low
     )
-
-
-def py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
-    """py-spy sampling a process's GIL-held stacks (100 Hz, without pausing it) until SIGINT."""
-    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    cmd = [exe, "record", "--pid", str(pid), "-r", "100", "--format", "raw", "-o", str(out), "--nonblocking", "--gil"]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 class BenchStack(Stack):
