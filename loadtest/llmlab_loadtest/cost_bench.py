@@ -46,7 +46,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 from llmlab_testkit.budget import BudgetAdmin
 from llmlab_testkit.procs import ManagedProcess, Stack, unique_namespace, url
@@ -56,7 +55,7 @@ from llmlab_loadtest.bench_meta import git, metadata_block, metadata_section, re
 from llmlab_loadtest.ladder import cpu_seconds
 from llmlab_loadtest.profiles import py_spy
 from llmlab_loadtest.profiles import summary as profile_summary
-from llmlab_loadtest.relay_bench import find_nats_server
+from llmlab_loadtest.relay_bench import find_nats_server, wait_sim_idle
 
 log = logging.getLogger("cost_bench")
 
@@ -229,18 +228,6 @@ class Variant:
 # ---------------------------------------------------------------------------------------------
 # One window
 # ---------------------------------------------------------------------------------------------
-def _wait_idle(sim: ManagedProcess, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            st = httpx.get(url(sim) + "/sim/stats", timeout=2).json()
-            if not (st.get("running") or st.get("waiting") or st.get("pending")):
-                return
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.2)
-
-
 def syscalls(procs: dict[str, psutil.Process]) -> dict[str, tuple[int, int]]:
     """(read, write) system calls so far of each process (psutil's io_counters: /proc/<pid>/io)."""
     out: dict[str, tuple[int, int]] = {}
@@ -288,12 +275,10 @@ def measure(v: Variant, tokens: int, cfg: CostConfig, tmp: Path, profile_dir: Pa
         except subprocess.TimeoutExpired:
             client.kill()
             client.wait(10)
-    _wait_idle(v.procs["simulator"])
+    wait_sim_idle(url(v.procs["simulator"]))
     gd, wd = promscrape.delta(g0, g1), promscrape.delta(w0, w1)
     statuses = promscrape.by_label(gd, "llmlab_gateway_requests_total", "status")
     ok = statuses.get("200", 0.0)
-    queue = promscrape.buckets(wd, "llmlab_worker_nats_queue_seconds")
-    qwait = {f"p{int(q * 100)}": promscrape.quantile(queue, q) for q in (0.5, 0.95, 0.99)}
     window = {
         "variant": v.name,
         "max_tokens": tokens,
@@ -306,7 +291,7 @@ def measure(v: Variant, tokens: int, cfg: CostConfig, tmp: Path, profile_dir: Pa
         "cpu_s": {n: round(c1[n] - c0[n], 3) for n in c1 if n in c0},
         # read and write system calls (/proc/<pid>/io): what one more message or socket write costs
         "syscalls": {n: [io1[n][0] - io0[n][0], io1[n][1] - io0[n][1]] for n in io1 if n in io0},
-        "queue_wait_ms": {k: None if x is None else round(1e3 * x, 1) for k, x in qwait.items()},
+        "queue_wait_ms": promscrape.percentiles_ms(promscrape.buckets(wd, "llmlab_worker_nats_queue_seconds")),
         "router_fallbacks": int(promscrape.total(gd, "llmlab_gateway_router_fallbacks_total")),
     }
     per = per_request_ms(window)

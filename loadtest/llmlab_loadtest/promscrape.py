@@ -76,6 +76,20 @@ def buckets(s: Scrape, histogram: str) -> list[tuple[float, float]]:
     return sorted(acc.items())
 
 
+def percentiles_ms(cumulative: list[tuple[float, float]]) -> dict[str, float | None]:
+    """p50, p95 and p99 (ms, 0.1 ms) of a histogram in seconds; None without observations."""
+    out: dict[str, float | None] = {}
+    for q in (0.5, 0.95, 0.99):
+        v = quantile(cumulative, q)
+        out[f"p{int(q * 100)}"] = None if v is None else round(v * 1e3, 1)
+    return out
+
+
+def sum_count(s: Scrape, histogram: str) -> tuple[float, float]:
+    """A histogram's ``_sum`` and ``_count``, its label sets added."""
+    return total(s, histogram + "_sum"), total(s, histogram + "_count")
+
+
 def quantile(cumulative: list[tuple[float, float]], q: float) -> float | None:
     """The ``q`` quantile of cumulative buckets (PromQL ``histogram_quantile``): linear inside the
     bucket that holds it, the lower bound 0 for the first; the highest finite bound when it falls in

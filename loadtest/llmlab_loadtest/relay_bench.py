@@ -594,24 +594,17 @@ BREAKDOWN_METRICS = {
 }
 
 
-def scrape_histograms(base: str, names: Sequence[str]) -> dict[str, tuple[float, float]]:
-    """``{name: (sum, count)}`` of Prometheus histograms at ``base``/metrics (all label sets added)."""
-    out: dict[str, tuple[float, float]] = {}
-    try:
-        text = httpx.get(base + "/metrics", timeout=10).text
-    except httpx.HTTPError:
-        return out
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        for n in names:
-            for suffix, idx in (("_sum", 0), ("_count", 1)):
-                if line.startswith(n + suffix + "{") or line.startswith(n + suffix + " "):
-                    acc = list(out.get(n, (0.0, 0.0)))
-                    with contextlib.suppress(ValueError):
-                        acc[idx] += float(line.rsplit(" ", 1)[-1])
-                    out[n] = (acc[0], acc[1])
-    return out
+def wait_sim_idle(base: str, timeout: float = 60.0) -> bool:
+    """Until the simulator at ``base`` runs nothing (a run's aborts and finishes have landed);
+    False when it is still busy after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            s = httpx.get(base + "/sim/stats", timeout=2).json()
+            if not (s.get("running") or s.get("waiting") or s.get("pending")):
+                return True
+        time.sleep(0.2)
+    return False
 
 
 def histogram_means_ms(
@@ -793,14 +786,7 @@ class Bench:
     def wait_idle(self, timeout: float = 60.0) -> None:
         """Until the simulator runs nothing (the previous run's aborts/finishes have landed)."""
         assert self.sim is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                s = httpx.get(url(self.sim) + "/sim/stats", timeout=2).json()
-                if not (s.get("running") or s.get("waiting") or s.get("pending")):
-                    break
-            time.sleep(0.2)
-        else:
+        if not wait_sim_idle(url(self.sim), timeout):
             log.warning("simulator still busy after %.0fs; starting the next run anyway", timeout)
         time.sleep(self.cfg.settle_s)
         self.other_before = self.wait_quiet()
@@ -858,10 +844,13 @@ class Bench:
             time.monotonic() - self.t_start,
         )
         log_marks = self._log_marks()
-        scraped = self._scrape() if mode == "stack" else {}
         assert self.gateway is not None and self.worker is not None
-        g0, w0 = (
-            (promscrape.scrape(url(self.gateway)), promscrape.scrape(url(self.worker))) if mode == "stack" else ({}, {})
+        # One scrape of each service before and after: the TTFT legs, queue wait, router
+        # fallbacks and answers by status all come from them.
+        scraped = (
+            {"gateway": promscrape.scrape(url(self.gateway)), "worker": promscrape.scrape(url(self.worker))}
+            if mode == "stack"
+            else {}
         )
         generated0 = self._sim_generated()
         sampler = Sampler(self.services)
@@ -929,11 +918,14 @@ class Bench:
         if generated0 is not None and generated1 is not None:
             run.engine_tokens = generated1 - generated0
         if mode == "stack":
-            after = self._scrape()
+            after = {"gateway": promscrape.scrape(url(self.gateway)), "worker": promscrape.scrape(url(self.worker))}
             for svc, names in BREAKDOWN_METRICS.items():
-                run.breakdown.update(histogram_means_ms(scraped.get(svc, {}), after.get(svc, {}), names))
-            gd = promscrape.delta(g0, promscrape.scrape(url(self.gateway)))
-            wd = promscrape.delta(w0, promscrape.scrape(url(self.worker)))
+                before_sc, after_sc = (
+                    {m: promscrape.sum_count(sc[svc], m) for m in names.values()} for sc in (scraped, after)
+                )
+                run.breakdown.update(histogram_means_ms(before_sc, after_sc, names))
+            gd = promscrape.delta(scraped["gateway"], after["gateway"])
+            wd = promscrape.delta(scraped["worker"], after["worker"])
             run.queue_buckets = promscrape.buckets(wd, "llmlab_worker_nats_queue_seconds")
             run.router_fallbacks = {
                 k: n for k, n in promscrape.by_label(gd, "llmlab_gateway_router_fallbacks_total", "why").items() if n
@@ -974,13 +966,6 @@ class Bench:
             return int(httpx.get(url(self.sim) + "/sim/stats", timeout=5).json()["generation_tokens"])
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return None
-
-    def _scrape(self) -> dict[str, dict[str, tuple[float, float]]]:
-        assert self.gateway is not None and self.worker is not None
-        return {
-            "gateway": scrape_histograms(url(self.gateway), list(BREAKDOWN_METRICS["gateway"].values())),
-            "worker": scrape_histograms(url(self.worker), list(BREAKDOWN_METRICS["worker"].values())),
-        }
 
     def _log_marks(self) -> dict[str, int]:
         marks = {}
@@ -1111,9 +1096,8 @@ def dataplane_figures(stack_runs: Sequence[Run]) -> dict[str, Any]:
             fallbacks[why] = fallbacks.get(why, 0.0) + n
         refused += sum(n for status, n in r.statuses.items() if status != "200")
     cum = sorted(merged.items())
-    wait = {f"p{int(q * 100)}": promscrape.quantile(cum, q) for q in (0.5, 0.95, 0.99)}
     return {
-        "queue_wait_ms": {k: None if v is None else round(v * 1e3, 1) for k, v in wait.items()},
+        "queue_wait_ms": promscrape.percentiles_ms(cum),
         "queue_wait_samples": int(cum[-1][1]) if cum else 0,
         "router_fallbacks": {k: int(v) for k, v in fallbacks.items()},
         "router_timeouts": int(sum(v for k, v in fallbacks.items() if "timeout" in k.lower())),

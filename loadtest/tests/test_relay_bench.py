@@ -184,6 +184,9 @@ def test_quick_bench_end_to_end(quick_bench: Callable[..., Any]) -> None:
     for r in runs:  # a benchmark, not a test of targets: only that every request came back
         assert r["requests_failed"] == 0 and r["requests_ok"] == r["level"], r
         assert {"simulator", "worker", "gateway", "client"} <= set(r["processes"])
+        if r["mode"] == "stack":  # the TTFT legs, from the services' histograms over the run
+            legs = r["ttft_breakdown_ms"]
+            assert legs["nats_queue_ms"] is not None and legs["gateway_accept_to_first_token_ms"] is not None, legs
     assert [c["level"] for c in latest["summary"]["levels"]] == [1, 100]
     assert "Targets:" in proc.stdout and "What limits it:" in proc.stdout
 
