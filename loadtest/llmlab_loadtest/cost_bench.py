@@ -20,9 +20,9 @@ With ``--baseline REV`` a second stack runs the code of REV (a git worktree put 
 services' PYTHONPATH) and the measurements interleave, the first of each pair alternating by
 repeat: base, this, then this, base. Refused requests
 (any non-200) are counted apart: a window with any is flagged and its figures miss their targets.
-After the measured windows, one window of each length is profiled with py-spy (gateway and worker,
-GIL-held samples) unless ``--no-profile``. The tree must be committed unless ``--dirty`` (then the
-result says so).
+After the measured windows, one window of each length is profiled with py-spy (GIL-held samples:
+every stack process at 2 tokens, for the per-request cost; gateway and worker at 64) unless
+``--no-profile``. The tree must be committed unless ``--dirty`` (then the result says so).
 
 Writes ``results/relay-cost/<UTC ts>/result.{json,md,png}`` plus ``profiles/``.
 """
@@ -240,6 +240,12 @@ def syscalls(procs: dict[str, psutil.Process]) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _profiled(tokens: int) -> tuple[str, ...]:
+    """Whom the profiled window samples: every stack process for the per-request cost (the short
+    requests), the relay for the per-token cost."""
+    return STACK_PROCS if tokens == SHORT else RELAY_PROCS
+
+
 def measure(v: Variant, tokens: int, cfg: CostConfig, tmp: Path, profile_dir: Path | None = None) -> dict[str, Any]:
     """One window of ``cfg.window_s`` under a closed-loop load of ``cfg.streams`` streams."""
     gw, worker = url(v.procs["gateway"]), url(v.procs["worker"])
@@ -259,7 +265,7 @@ def measure(v: Variant, tokens: int, cfg: CostConfig, tmp: Path, profile_dir: Pa
         g0, w0, c0, t0 = promscrape.scrape(gw), promscrape.scrape(worker), cpu_seconds(procs), time.monotonic()
         io0 = syscalls(procs)
         spies = (
-            [py_spy(v.procs[n].pid, profile_dir / f"{n}-{tokens}tok.txt", cfg.window_s) for n in RELAY_PROCS]
+            [py_spy(v.procs[n].pid, profile_dir / f"{n}-{tokens}tok.txt", cfg.window_s) for n in _profiled(tokens)]
             if profile_dir is not None
             else []
         )
@@ -342,7 +348,7 @@ def run(cfg: CostConfig, argv: Sequence[str]) -> dict[str, Path]:
         if cfg.profile:
             pdir = tmp / "profiles"
             pdir.mkdir()
-            log.info("profiled windows (not in the figures): py-spy on gateway and worker")
+            log.info("profiled windows (not in the figures): py-spy on the stack (2 tokens), gateway and worker (64)")
             for tokens in (SHORT, LONG):
                 w = measure(variants[-1], tokens, cfg, tmp, profile_dir=pdir)
                 w["repeat"] = 0
