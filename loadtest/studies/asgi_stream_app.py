@@ -7,10 +7,9 @@ Environment: ``ITL_MS`` (default 20), ``TTFT_MS`` (default 50)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from typing import Any
-
-import orjson
 
 ITL_S = float(os.environ.get("ITL_MS", "20")) / 1000
 TTFT_S = float(os.environ.get("TTFT_MS", "50")) / 1000
@@ -23,7 +22,7 @@ FINISH = _PREFIX + b'"delta":{},"finish_reason":"length"}]}\n\n'
 def _usage(n: int) -> bytes:
     usage = {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}
     body = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": []}
-    return b"data: " + orjson.dumps({**body, "usage": usage}) + b"\n\ndata: [DONE]\n\n"
+    return b"data: " + json.dumps({**body, "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n"
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -45,7 +44,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
         return
-    n = int(orjson.loads(body or b"{}").get("max_tokens", 16))
+    n = int(json.loads(body or b"{}").get("max_tokens", 16))
     await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
     await asyncio.sleep(TTFT_S)
     for i in range(n):

@@ -9,13 +9,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 from llmlab_common.messages import Endpoint, Usage
 
 SSE_DONE = b"data: [DONE]\n\n"
 
 
+def _dumps(obj: Any) -> bytes:
+    """Compact JSON: orjson (a twentieth of json.dumps's time for a chunk), or json.dumps for what
+    orjson refuses (a lone surrogate in a text)."""
+    try:
+        return orjson.dumps(obj)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+
 def sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + _dumps(obj) + b"\n\n"
 
 
 def object_id(endpoint: Endpoint, request_id: str) -> str:
@@ -126,14 +137,14 @@ def merge_tool_call_deltas(acc: list[dict[str, Any]], deltas: list[dict[str, Any
 
 class ContentChunkEncoder:
     """SSE frames of plain content chunks for one stream, serialised once: each token then costs
-    one ``json.dumps`` of its text instead of building and dumping the whole chunk object."""
+    one dump of its text instead of building and dumping the whole chunk object."""
 
     _MARK = "\x00llmlab-text\x00"
 
     def __init__(self, endpoint: Endpoint, oid: str, created: int, model: str, include_usage_field: bool) -> None:
         template = sse(chunk(endpoint, oid, created, model, text=self._MARK, include_usage_field=include_usage_field))
-        marker = json.dumps(self._MARK).encode()
+        marker = _dumps(self._MARK)
         self.prefix, _, self.suffix = template.partition(marker)
 
     def encode(self, text: str) -> bytes:
-        return self.prefix + json.dumps(text).encode() + self.suffix
+        return self.prefix + _dumps(text) + self.suffix

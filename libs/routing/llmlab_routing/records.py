@@ -16,16 +16,22 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
+
 from llmlab_routing.decide import decide
 from llmlab_routing.model import Decision, DecisionInputs
 
 log = logging.getLogger(__name__)
 RECORD_VERSION = 1
 WRITE_BATCH = 1000  # records per write at most
+# One JSON line per record.
+_ORJSON = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
 BATCH_PAUSE_S = 0.01  # the writer's pause between batches (records wait at most this long more)
 
 
 def make_record(inp: DecisionInputs, dec: Decision, at: float | None = None) -> dict[str, Any]:
+    """The record as the log writes it: the decision stays a dataclass (orjson writes it as
+    ``Decision.to_json`` would, without ``asdict``'s deep copy: a quarter of the router's CPU)."""
     return {
         "record_version": RECORD_VERSION,
         "at": round(time.time() if at is None else at, 6),
@@ -33,7 +39,7 @@ def make_record(inp: DecisionInputs, dec: Decision, at: float | None = None) -> 
         "policy": inp.policy,
         "policy_version": inp.policy_version,
         "inputs": inp.to_json(),
-        "decision": dec.to_json(),
+        "decision": dec,
     }
 
 
@@ -46,7 +52,7 @@ class DecisionLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self._q: queue.Queue[dict[str, Any] | Callable[[], dict[str, Any]] | None] = queue.Queue(maxsize=100_000)
-        self._f: IO[str] = self.path.open("a", encoding="utf-8")
+        self._f: IO[bytes] = self.path.open("ab")
         self.dropped = 0
         self._thread = threading.Thread(target=self._run, name="decision-log", daemon=True)
         self._thread.start()
@@ -81,13 +87,13 @@ class DecisionLog:
                         break
                     if callable(rec):
                         rec = rec()
-                    lines.append(json.dumps(rec, separators=(",", ":")) + "\n")
-                self._f.write("".join(lines))
+                    lines.append(orjson.dumps(rec, option=_ORJSON))
+                self._f.write(b"".join(lines))
                 self._f.flush()
                 if self._f.tell() > self.max_bytes:
                     self._f.close()
                     os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-                    self._f = self.path.open("a", encoding="utf-8")
+                    self._f = self.path.open("ab")
             except Exception:
                 log.exception("could not write a decision record")
             finally:

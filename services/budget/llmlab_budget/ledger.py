@@ -1,5 +1,6 @@
 """Redis adapter for the ledgers: one Lua call per reserve, settle or reap (``lua/``). Reserves
-made in the same event-loop turn (a gateway's batch, a burst) go to Redis as one pipeline."""
+made in the same event-loop turn (a gateway's batch, a burst) go to Redis as one pipeline, and so do
+settles (a fetched batch of events)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Literal
 from llmlab_common.catalog import LimitSet, PlanBudget, ScopeName
 from llmlab_common.coalesce import Coalescer
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
 from llmlab_budget.layout import Layout
@@ -42,22 +44,27 @@ class Ledger:
         self._reserve = redis.register_script(_lua("reserve.lua"))
         self._settle = redis.register_script(common + "\n" + _lua("settle.lua"))
         self._reap = redis.register_script(common + "\n" + _lua("reap.lua"))
-        self._reserves: Coalescer[tuple[list[str], list[Any]], Any] = Coalescer(self._reserve_many, max_batch=256)
+        self._reserves: Coalescer[tuple[list[str], list[Any]], Any] = Coalescer(
+            lambda calls: self._run_many(self._reserve, calls), max_batch=256
+        )
+        self._settles: Coalescer[tuple[list[str], list[Any]], Any] = Coalescer(
+            lambda calls: self._run_many(self._settle, calls), max_batch=256
+        )
 
-    async def _reserve_many(self, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
-        """Run the reserve script once per call in one round trip. Each script is atomic on its
-        own, as with separate calls; nothing else about them changes."""
+    async def _run_many(self, script: AsyncScript, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Run the script once per call in one round trip. Each script is atomic on its own, as
+        with separate calls; nothing else about them changes. A call's Redis error is its own."""
         if len(calls) == 1:
             keys, args = calls[0]
-            return [await self._reserve(keys=keys, args=args)]
+            return [await script(keys=keys, args=args)]
         async with self.redis.pipeline(transaction=False) as pipe:
             for keys, args in calls:
-                pipe.evalsha(self._reserve.sha, len(keys), *keys, *args)
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
             results: list[Any] = await pipe.execute(raise_on_error=False)
         for i, r in enumerate(results):
             if isinstance(r, NoScriptError):  # a restarted or flushed Redis: load it and retry that one
                 keys, args = calls[i]
-                results[i] = await self._reserve(keys=keys, args=args)
+                results[i] = await script(keys=keys, args=args)
         return results
 
     async def reserve(
@@ -136,9 +143,11 @@ class Ledger:
         nothing). Idempotent: only the first close of a reservation changes anything (a settle
         after a release is charged once, ``late``). ``tombstone``: a release that finds no
         reservation leaves a closed record, so a reserve arriving after it takes nothing."""
-        r = await self._settle(
-            keys=[self.layout.reservation(request_id), self.layout.reservation_expiry],
-            args=[request_id, state, input_tokens, output_tokens, repr(now), self.settled_ttl_s, int(tombstone)],
+        r = await self._settles.submit(
+            (
+                [self.layout.reservation(request_id), self.layout.reservation_expiry],
+                [request_id, state, input_tokens, output_tokens, repr(now), self.settled_ttl_s, int(tombstone)],
+            )
         )
         return Closed(_s(r[0]), int(r[1]), int(r[2]))
 

@@ -123,3 +123,44 @@ async def test_pipelined_reserves_load_a_missing_script_and_keep_answers_apart(b
     )  # fmt: skip
     assert [r.status for r in rs] == ["ok"] * 8
     assert [r.output_tokens for r in rs] == [30 + i for i in range(8)]
+
+
+async def test_pipelined_settles_load_a_missing_script_and_charge_each_its_own(budget, redis_layout) -> None:
+    """Catches: settles of one loop turn (a fetched batch of events) pipelined with their answers
+    or charges crossed, or lost when Redis has not loaded the settle script."""
+    _, _, directory, _key, sha, ledger = budget
+    redis, _ = redis_layout
+    resolved = await BudgetService(
+        BudgetSettings(), CATALOG, directory, ledger, BudgetMetrics(Metrics("test3"))
+    ).resolve(sha)
+    assert resolved is not None
+    now = time.time()
+    ids = [f"s{i}" for i in range(8)]
+    for rid in ids:
+        r = await ledger.reserve(
+            rid, resolved.identity, resolved.limits, resolved.policy,
+            input_tokens=10, output_tokens=50, tools_exempt=0,
+            now=now, windows=Windows.at(now, ZoneInfo("UTC")), hold_s=60,
+        )  # fmt: skip
+        assert r.status == "ok"
+
+    def settle(rid: str, output_tokens: int):  # type: ignore[no-untyped-def]
+        return ledger.close(rid, "settled", input_tokens=10, output_tokens=output_tokens, now=now)
+
+    # First batch: a settle script Redis has never seen (every pipelined call gets NOSCRIPT).
+    ledger._settle = redis.register_script(_lua("common.lua") + "\n" + _lua("settle.lua") + f"\n-- {uuid.uuid4().hex}")
+    first = await asyncio.gather(*(settle(rid, i + 1) for i, rid in enumerate(ids[:3])))
+    assert [(c.status, c.charged) for c in first] == [("ok", 11), ("ok", 12), ("ok", 13)]
+    # Second batch, the script now loaded: one pipeline; s7 released, s3 settled twice (a dup).
+    second = await asyncio.gather(
+        *(settle(rid, i + 4) for i, rid in enumerate(ids[3:7])),
+        ledger.close("s7", "released", now=now),
+        settle("s3", 4),
+    )
+    assert [(c.status, c.charged) for c in second] == [
+        ("ok", 14), ("ok", 15), ("ok", 16), ("ok", 17), ("ok", 0), ("dup", 0)
+    ]  # fmt: skip
+    for rid in ids[:7]:
+        rec = await ledger.reservation(rid)
+        assert rec.get("state") == "settled", rec
+    assert (await ledger.reservation("s7")).get("state") == "released"
