@@ -83,6 +83,7 @@ class CostConfig:
     baseline: str | None = None
     dirty: bool = False
     profile: bool = True
+    idle_s: float = 5.0  # each process's idle CPU is measured this long before the windows
     out_dir: Path = Path("results")
 
 
@@ -93,6 +94,16 @@ def per_request_ms(window: dict[str, Any]) -> dict[str, float]:
     """CPU ms per answered request of each process in one window."""
     ok = window["requests_ok"]
     return {n: 1e3 * s / ok for n, s in window["cpu_s"].items()} if ok else {}
+
+
+def net_per_request_ms(window: dict[str, Any]) -> dict[str, float]:
+    """The same, less what the process spends idle over as long (heartbeats, sweeps, scrapes): the
+    work the requests brought. Two variants answering different numbers of requests in a window
+    spread the same background over different counts; the net figure compares their work."""
+    ok, idle = window["requests_ok"], window.get("idle_cpu_s_per_s") or {}
+    if not ok:
+        return {}
+    return {n: 1e3 * (s - idle[n] * window["wall_s"]) / ok for n, s in window["cpu_s"].items() if n in idle}
 
 
 def _mean(xs: Sequence[float]) -> float | None:
@@ -106,11 +117,13 @@ def variant_figures(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for w in windows:
         by_len[w["max_tokens"]].append(w)
     ms: dict[int, dict[str, float]] = {}
+    net: dict[int, dict[str, float]] = {}
     tokens: dict[int, float] = {}
     for length, ws in by_len.items():
-        per = [per_request_ms(w) for w in ws if w["requests_ok"]]
-        names = sorted({n for p in per for n in p})
-        ms[length] = {n: round(v, 3) for n in names if (v := _mean([p[n] for p in per if n in p])) is not None}
+        for out, fn in ((ms, per_request_ms), (net, net_per_request_ms)):
+            per = [fn(w) for w in ws if w["requests_ok"]]
+            names = sorted({n for p in per for n in p})
+            out[length] = {n: round(v, 3) for n in names if (v := _mean([p[n] for p in per if n in p])) is not None}
         tokens[length] = _mean([w["tokens"] / w["requests_ok"] for w in ws if w["requests_ok"]]) or 0.0
     added = tokens[LONG] - tokens[SHORT]
     us_token = (
@@ -119,6 +132,7 @@ def variant_figures(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         else {}
     )
     request_ms = sum(ms[SHORT].get(n, 0.0) for n in STACK_PROCS) if ms[SHORT] else None
+    net_ms = sum(net[SHORT].get(n, 0.0) for n in STACK_PROCS) if all(n in net[SHORT] for n in STACK_PROCS) else None
     relay_us = sum(us_token[n] for n in RELAY_PROCS) if us_token and all(n in us_token for n in RELAY_PROCS) else None
     # The slope of each repeat alone (its 2- and 64-token windows ran back to back): the spread
     # says how much of a difference between variants is the host's noise.
@@ -137,6 +151,9 @@ def variant_figures(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "tokens_per_request": {str(k): round(v, 2) for k, v in tokens.items()},
         "us_per_added_token": us_token,
         "stack_ms_per_request": None if request_ms is None else round(request_ms, 3),
+        # Beside the target's figure, not instead of it: CPU per request less each process's idle CPU.
+        "net_ms_per_request": {str(k): v for k, v in net.items()},
+        "stack_net_ms_per_request": None if net_ms is None else round(net_ms, 3),
         "relay_us_per_token": None if relay_us is None else round(relay_us, 1),
         "tokens_per_core_s": {n: round(1e6 / us_token[n]) for n in RELAY_PROCS if us_token.get(n, 0) > 0},
         "refused": sum(w["requests_refused"] for w in windows),
@@ -198,6 +215,7 @@ class Variant:
         self.stack = QuietStack(pythonpath)
         self.procs: dict[str, ManagedProcess] = {}
         self.api_key = ""
+        self.idle: dict[str, float] = {}  # CPU s per s of each stack process with nothing to do
 
     def start(self) -> None:
         s, c = self.stack, self.cfg
@@ -295,6 +313,7 @@ def measure(v: Variant, tokens: int, cfg: CostConfig, tmp: Path, profile_dir: Pa
         "statuses": {k: int(n) for k, n in statuses.items() if n},
         "tokens": int(promscrape.total(gd, "llmlab_gateway_completion_tokens_total")),
         "cpu_s": {n: round(c1[n] - c0[n], 3) for n in c1 if n in c0},
+        "idle_cpu_s_per_s": v.idle,
         # read and write system calls (/proc/<pid>/io): what one more message or socket write costs
         "syscalls": {n: [io1[n][0] - io0[n][0], io1[n][1] - io0[n][1]] for n in io1 if n in io0},
         "queue_wait_ms": promscrape.percentiles_ms(promscrape.buckets(wd, "llmlab_worker_nats_queue_seconds")),
@@ -311,6 +330,17 @@ def measure(v: Variant, tokens: int, cfg: CostConfig, tmp: Path, profile_dir: Pa
         ", ".join(f"{n} {x:.2f}" for n, x in per.items()),
     )
     return window
+
+
+def measure_idle(variants: Sequence[Variant], seconds: float) -> None:
+    """Each stack process's CPU per second while no request runs (every variant idle at once)."""
+    procs = {f"{v.name}/{n}": psutil.Process(v.procs[n].pid) for v in variants for n in STACK_PROCS}
+    c0, t0 = cpu_seconds(procs), time.monotonic()
+    time.sleep(seconds)
+    c1, t1 = cpu_seconds(procs), time.monotonic()
+    for v in variants:
+        v.idle = {n: round((c1[f"{v.name}/{n}"] - c0[f"{v.name}/{n}"]) / (t1 - t0), 4) for n in STACK_PROCS}
+        log.info("%s idle CPU (cores): %s", v.name, ", ".join(f"{n} {x:.3f}" for n, x in v.idle.items()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,6 +365,7 @@ def run(cfg: CostConfig, argv: Sequence[str]) -> dict[str, Path]:
         for v in variants:
             v.start()
         time.sleep(2.0)  # the gateway sees the worker's heartbeat
+        measure_idle(variants, cfg.idle_s)
         for r in range(1, cfg.repeats + 1):
             log.info("repeat %d/%d (elapsed %.0fs)", r, cfg.repeats, time.monotonic() - t_start)
             # ABBA: the variant that goes first alternates by repeat, so a drift of the host
@@ -445,6 +476,28 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 _f(f["us_per_added_token"].get(p), 1),
             ]
         lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    if any(f.get("stack_net_ms_per_request") is not None for f in figs.values()):
+        lines += [
+            "",
+            "## Net of idle CPU",
+            "",
+            "ms per answered request less each process's idle CPU over the window (measured before the windows, "
+            "nothing running): the work the requests brought, comparable between variants that answered different "
+            "numbers of requests. Not the target's figure.",
+            "",
+            "| process | idle (cores) | "
+            + " | ".join(f"{n}: net ms/req {SHORT} tok | {n}: net ms/req {LONG} tok" for n in names)
+            + " |",
+            "|---|---|" + "---:|" * (2 * len(names)),
+        ]
+        idle = {w["variant"]: w.get("idle_cpu_s_per_s") or {} for w in doc["windows"]}
+        for p in STACK_PROCS:
+            cells = [_f(figs[n]["net_ms_per_request"][str(k)].get(p)) for n in names for k in (SHORT, LONG)]
+            lines.append(
+                f"| {p} | {' / '.join(_f(idle.get(n, {}).get(p), 3) for n in names)} | " + " | ".join(cells) + " |"
+            )
+        stack = [c for n in names for c in (f"**{_f(figs[n]['stack_net_ms_per_request'])}**", "")]
+        lines.append("| **stack** | | " + " | ".join(stack) + " |")
     lines += [
         "",
         "## System calls per answered request (read / write; gateway and worker, mean over the measured windows)",

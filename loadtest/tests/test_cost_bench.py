@@ -47,6 +47,26 @@ def test_per_request_and_per_token_figures() -> None:
     assert f["tokens_per_request"] == {"2": 2.0, "64": 64.0}
 
 
+def test_net_of_idle_cpu_takes_out_what_each_process_spends_with_nothing_to_do() -> None:
+    # A 10 s window, 1,000 requests. Gateway 1.0 s of CPU, idle 0.02 cores -> 0.2 s of it idle:
+    # (1.0 - 0.2) / 1000 = 0.8 ms. Worker 0.8 s, idle 0.03 -> (0.8 - 0.3) / 1000 = 0.5 ms. Budget,
+    # router, accounting 0.1 s, idle 0.005 -> 0.05 ms each. Stack: 0.8 + 0.5 + 0.15 = 1.45 ms (the
+    # raw figure stays 2.1). The simulator has no idle figure: it is not in the net table.
+    idle = {"gateway": 0.02, "worker": 0.03, "budget": 0.005, "router": 0.005, "accounting": 0.005}
+    short = {**_window(2, 1000, 2000, _cpu(1.0, 0.8)), "wall_s": 10.0, "idle_cpu_s_per_s": idle}
+    long = {**_window(64, 100, 6400, _cpu(0.5, 0.42, other=0.01)), "wall_s": 10.0, "idle_cpu_s_per_s": idle}
+    net = cb.net_per_request_ms(short)
+    assert net["gateway"] == pytest.approx(0.8) and net["worker"] == pytest.approx(0.5)
+    assert "simulator" not in net
+    f = cb.variant_figures([short, long])
+    assert f["stack_ms_per_request"] == pytest.approx(2.1)
+    assert f["stack_net_ms_per_request"] == pytest.approx(1.45)
+    # 64 tokens, 100 requests: gateway (0.5 - 0.2) / 100 = 3 ms.
+    assert f["net_ms_per_request"]["64"]["gateway"] == pytest.approx(3.0)
+    # Windows of a run without the idle measurement have no net figure.
+    assert cb.variant_figures([_window(2, 1000, 2000, _cpu(1.0, 0.8))])["stack_net_ms_per_request"] is None
+
+
 def test_per_token_divides_by_the_tokens_delivered_apart() -> None:
     # The long requests delivered 32 tokens each (the engine stopped early): 30 tokens apart.
     # gateway (5 - 1) ms / 30 = 133.3 us.
