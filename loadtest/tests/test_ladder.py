@@ -117,8 +117,12 @@ def test_a_ci_sized_ladder_writes_its_steps_and_a_report_that_matches_them(tmp_p
         assert len(records) - len(cut) == s["k6_responses"] > 0
         assert s["warmup_requests"] == sum(1 for r in records if r["p"] == "warmup") > 0
         assert s["figures"]["requests"] == len(records) - s["warmup_requests"]
-        assert s["window"]["cpu_cores"]["client"] > 0 and s["window"]["cpu_cores"]["gateway"] > 0
+        # Both watched in every step; a step's few seconds at one stream can round to 0 (CPU times
+        # tick by 10 ms: CI of 78aaefc saw it), so the CPU itself is checked over the whole run.
+        assert s["window"]["cpu_cores"]["client"] >= 0 and s["window"]["cpu_cores"]["gateway"] >= 0
         assert s["figures"]["answers"].get("200 ok", 0) > 0 and s["figures"]["server_errors_5xx"] == 0
+    for proc in ("client", "gateway"):
+        assert sum(s["window"]["cpu_cores"][proc] for s in steps) > 0, proc
     out = tmp_path / "report"
     assert ladder.main(["report", "--run", "ci", "--results", str(results), "--out", str(out)]) == 0
     check_report(out)
