@@ -25,13 +25,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import psutil
 from llmlab_loadtest import bench_meta
-from llmlab_testkit.procs import free_port
+from llmlab_loadtest.ladder import tree_cpu_s
+from llmlab_testkit.procs import ManagedProcess, free_port
 
 log = logging.getLogger("asgi_servers")
 HERE = Path(__file__).resolve().parent
@@ -41,21 +41,12 @@ TOKENS = 64
 
 def server_cmd(server: str, port: int) -> list[str]:
     if server == "uvicorn":
-        return [sys.executable, "-m", "uvicorn", "asgi_stream_app:app", "--port", str(port), "--loop", "uvloop",
-                "--http", "httptools", "--no-access-log", "--log-level", "warning", "--backlog", "4096"]  # fmt: skip
+        return [sys.executable, "-m", "uvicorn", "asgi_stream_app:app", "--app-dir", str(HERE), "--port", str(port),
+                "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning",
+                "--backlog", "4096"]  # fmt: skip
     return [str(BIN / "granian"), "--interface", "asgi", "--loop", "uvloop", "--host", "127.0.0.1", "--port", str(port),
-            "--workers", "1", "--no-ws", "--http", "1", "--log-level", "warning", "asgi_stream_app:app"]  # fmt: skip
-
-
-def tree_cpu(p: psutil.Process) -> float:
-    total = 0.0
-    for q in [p, *p.children(recursive=True)]:
-        try:
-            t = q.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
+            "--workers", "1", "--no-ws", "--http", "1", "--log-level", "warning", "--working-dir", str(HERE),
+            "asgi_stream_app:app"]  # fmt: skip
 
 
 def client(port: int, streams: int, requests: int, out: Path) -> dict[str, Any]:
@@ -68,22 +59,16 @@ def client(port: int, streams: int, requests: int, out: Path) -> dict[str, Any]:
 
 def window(server: str, streams: int, requests: int, tmp: Path) -> dict[str, Any]:
     port = free_port()
-    proc = subprocess.Popen(server_cmd(server, port), cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = ManagedProcess(server, server_cmd(server, port), {}, ready_url=f"http://127.0.0.1:{port}/health")
     try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
-                break
-            except OSError:
-                time.sleep(0.05)
+        proc.start().wait_ready()  # a server that cannot start fails the study with its log
         client(port, streams, 1, tmp / "warmup.json")
         p = psutil.Process(proc.pid)
-        cpu0, t0 = tree_cpu(p), time.monotonic()
+        cpu0, t0 = tree_cpu_s(p), time.monotonic()
         s = client(port, streams, requests, tmp / f"{server}.json")
-        cpu, wall = tree_cpu(p) - cpu0, time.monotonic() - t0
+        cpu, wall = tree_cpu_s(p) - cpu0, time.monotonic() - t0
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        proc.stop()
     tokens = int(s["output_tokens"])
     row = {
         "server": server,
