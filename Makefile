@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 export LLMLAB_ENV ?= dev
 
 .DEFAULT_GOAL := help
-.PHONY: fuzz k6 loadtest loadtest-report peers help install install-vllm infra prom-tools test mutants test-unit test-e2e lint format up down status demo bench bench-engine-modes report explain-latency costmodel router-eval \
+.PHONY: chaos fuzz k6 loadtest loadtest-report peers help install install-vllm infra prom-tools test mutants test-unit test-e2e lint format up down status demo bench bench-engine-modes report explain-latency costmodel router-eval \
         experiments experiments-quick gpu-smoke \
         compose-up compose-down clean
 
@@ -39,13 +39,16 @@ prom-tools: ## make sure prometheus, promtool, prometheus-alertmanager and amtoo
 	bash scripts/ensure-prometheus.sh
 
 test: install infra prom-tools install-vllm ## run every tier that runs here: unit, integration, e2e, vllm_cpu
-	$(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "$(TEST_MARKERS)" --durations=25 $(PYTEST_ARGS)
 
 fuzz: install ## fuzz the gateway, budget admin and accounting APIs from their OpenAPI documents (schemathesis): FUZZ_EXAMPLES cases per operation -> results/fuzz/
 	LLMLAB_FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),100) LLMLAB_FUZZ_OUT=results $(PY) -m pytest -q -s --timeout 1500 tests/e2e/test_fuzz.py
 
 k6: install infra ## a k6 scenario (SCENARIO=smoke|ramp|soak|spike|mix|budget) against URL (API_KEY, MODEL), or without URL against a simulated stack it starts; ARGS="--env LOAD_VUS=64 ..." -> results/k6-<scenario>/
 	$(PY) -m llmlab_loadtest.k6 $(or $(SCENARIO),smoke) $(if $(URL),--url $(URL)) $(if $(API_KEY),--api-key $(API_KEY)) $(if $(MODEL),--model $(MODEL)) $(ARGS)
+
+chaos: install infra ## one fault at a time under a streaming load, and what it cost (hung, failed by class, billed vs delivered, reservations, accounting rows, recovery): make chaos [FAULTS=worker_kill,nats_restart,...] -> results/chaos/
+	$(PY) -m llmlab_loadtest.chaos $(if $(FAULTS),--faults $(FAULTS)) $(ARGS)
 
 comma := ,
 STEPS ?= 1,8
@@ -113,9 +116,10 @@ BENCH_CMD_capacity := -m llmlab_loadtest.relay_bench --workload capacity
 BENCH_CMD_budget := -m llmlab_loadtest.budget_bench
 BENCH_CMD_router := -m llmlab_loadtest.router_bench
 BENCH_CMD_accounting := -m llmlab_loadtest.accounting_bench
-bench: install infra ## benchmarks -> results/ on a committed tree: make bench [WORKLOAD=cost|gpu-like|thousand|default|capacity|budget|router|accounting] [BENCH_ARGS=...]; default: cost, gpu-like, thousand (the data plane)
+BENCH_CMD_priority := -m llmlab_loadtest.priority_bench
+bench: install infra ## benchmarks -> results/ on a committed tree: make bench [WORKLOAD=cost|gpu-like|thousand|default|capacity|budget|router|accounting|priority] [BENCH_ARGS=...]; default: cost, gpu-like, thousand (the data plane)
 	@for w in $(or $(WORKLOAD),$(BENCH_WORKLOADS)); do \
-	  case "$$w" in cost|default|gpu-like|thousand|capacity|budget|router|accounting) ;; \
+	  case "$$w" in cost|default|gpu-like|thousand|capacity|budget|router|accounting|priority) ;; \
 	    *) echo "unknown WORKLOAD $$w"; exit 2;; esac; \
 	done
 	$(foreach w,$(or $(WORKLOAD),$(BENCH_WORKLOADS)),timeout 900 $(PY) $(BENCH_CMD_$(w)) $(BENCH_ARGS) &&) true

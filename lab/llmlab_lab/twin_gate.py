@@ -6,8 +6,11 @@ baseline in ``configs/twin-gate.yaml``; exit 1 when any is worse than its tolera
     python -m llmlab_lab.twin_gate --update-baseline  # accept the current figures
     python -m llmlab_lab.twin_gate --slowdown 2       # what a 2x slower engine would do
 
-Overspend is ``n/a`` until a budget hook is plugged in (:data:`OVERSPEND_HOOK`, a function of
-the replayed requests returning ``{"overspend_usd": ...}``); it is then gated like cost.
+Overspend comes from the budget rules: with ``budget:`` in the config, every replayed request goes
+through the budget service's own ledger on Redis (``LLMLAB_REDIS_URL``, default 127.0.0.1:6379;
+:mod:`llmlab_lab.twin_budget`), and the tokens charged beyond any scope's limit are gated like cost
+(with the rules as shipped: 0). ``--no-budget`` (or no ``budget:``) replays without and says ``n/a``;
+:data:`OVERSPEND_HOOK` replaces the hook (tests).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from llmlab_common.catalog import load_catalog
+from llmlab_common.settings import DEFAULT_CATALOG
 from llmlab_twin import trace as tracemod
 from llmlab_twin.replay import (
     OverspendHook,
@@ -91,8 +97,23 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def budget_overspend_hook(config: dict[str, Any], model: str) -> OverspendHook | None:
+    """The budget rules for the replay (None without ``budget:`` in the config); overspend priced at
+    the catalog's output list price of the model (the dearest one when the catalog has no match)."""
+    from llmlab_lab.twin_budget import budget_hook, parse_overrides  # needs Redis: only when asked
+
+    spec = config.get("budget")
+    if not spec:
+        return None
+    catalog = load_catalog(config.get("catalog") or DEFAULT_CATALOG)
+    prices = [p.output_per_mtok_usd for p in catalog.prices.models if model.lower() in p.model.lower()]
+    price = prices[0] if prices else max(p.output_per_mtok_usd for p in catalog.prices.models)
+    redis_url = os.environ.get("LLMLAB_REDIS_URL", "redis://127.0.0.1:6379/0")
+    return budget_hook(catalog, redis_url, price, parse_overrides(spec.get("overrides")))
+
+
 def run_gate(
-    config: dict[str, Any], *, cost: StepCostModel | None = None, slowdown: float = 1.0
+    config: dict[str, Any], *, cost: StepCostModel | None = None, slowdown: float = 1.0, budget: bool = True
 ) -> tuple[dict[str, Any], dict[str, float | None]]:
     """Replay the gate's trace; returns (summary, gated metrics)."""
     trace = tracemod.load(config["trace"])  # relative to the working directory, like every configs/ path
@@ -105,7 +126,8 @@ def run_gate(
         cost = ScaledCost(cost, slowdown)
     catalog = config.get("catalog")
     slo = load_slo_classes(catalog or None)
-    summary, _, _ = replay_trace(trace, setup, cost, slo=slo, overspend_hook=OVERSPEND_HOOK)
+    hook = OVERSPEND_HOOK or (budget_overspend_hook(config, setup.model) if budget else None)
+    summary, _, _ = replay_trace(trace, setup, cost, slo=slo, overspend_hook=hook)
     return summary, gate_metrics(summary)
 
 
@@ -136,8 +158,14 @@ def render(checks: Sequence[Check], summary: dict[str, Any]) -> str:
 
     for c in checks:
         lines.append(f"  {c.metric:<34}{fmt(c.baseline):>14}{fmt(c.current):>14}{c.tolerance:>7.0%}  {c.status}")
-    if summary.get("overspend") == "n/a":
+    ov = summary.get("overspend")
+    if ov == "n/a":
         lines.append("  overspend: n/a (no budget hook plugged in)")
+    elif isinstance(ov, dict) and "refused" in ov:
+        lines.append(
+            f"  budget rules: {ov['overspend_tokens']} tokens over a limit, {ov['charged_tokens']} charged, "
+            f"{ov['clamped']} clamped, refused {ov['refused'] or 0} ({ov['rules']})"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -159,10 +187,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--update-baseline", action="store_true")
     p.add_argument("--slowdown", type=float, default=1.0, help="scale every step time (demonstrates a regression)")
     p.add_argument("--json", help="also write the summary and checks here")
+    p.add_argument("--no-budget", action="store_true", help="replay without the budget rules (overspend n/a)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     config = load_config(args.config)
-    summary, metrics = run_gate(config, slowdown=args.slowdown)
+    summary, metrics = run_gate(config, slowdown=args.slowdown, budget=not args.no_budget)
     if args.update_baseline:
         update_baseline(args.config, config, metrics)
         sys.stdout.write(f"baseline updated in {args.config}\n")

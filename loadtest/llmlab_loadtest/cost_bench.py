@@ -3,6 +3,7 @@ per-core targets.
 
     python -m llmlab_loadtest.cost_bench                       # this tree, 2 repeats (~3 min)
     python -m llmlab_loadtest.cost_bench --baseline 7d4fbba    # A/B: that commit and this tree, interleaved
+    python -m llmlab_loadtest.cost_bench --router-ab           # A/B on this tree: router service vs shared
 
 The full default stack (gateway with budget auth and the router service, budget, router,
 accounting, one worker) runs on the engine simulator at a GPU's pace (TTFT 50 ms, ITL 20 ms: one
@@ -18,7 +19,9 @@ the gateway answered in it. Each repeat measures 2-token and 64-token requests:
 
 With ``--baseline REV`` a second stack runs the code of REV (a git worktree put first on the
 services' PYTHONPATH) and the measurements interleave, the first of each pair alternating by
-repeat: base, this, then this, base. Refused requests
+repeat: base, this, then this, base. ``--router-ab`` measures this tree twice the same way: the
+gateway asking the router service (``service``) and deciding itself with shared decisions
+(``shared``, the router service still running and following them). Refused requests
 (any non-200) are counted apart: a window with any is flagged and its figures miss their targets.
 After the measured windows, one window of each length is profiled with py-spy (GIL-held samples:
 every stack process at 2 tokens, for the per-request cost; gateway and worker at 64) unless
@@ -81,6 +84,7 @@ class CostConfig:
     ttft_ms: float = 50.0
     itl_ms: float = 20.0
     baseline: str | None = None
+    router_ab: bool = False
     dirty: bool = False
     profile: bool = True
     idle_s: float = 5.0  # each process's idle CPU is measured this long before the windows
@@ -208,8 +212,8 @@ def package_dirs(root: Path) -> list[Path]:
 
 
 class Variant:
-    def __init__(self, name: str, cfg: CostConfig, code: Path | None) -> None:
-        self.name, self.cfg, self.code = name, cfg, code
+    def __init__(self, name: str, cfg: CostConfig, code: Path | None, router: str = "service") -> None:
+        self.name, self.cfg, self.code, self.router = name, cfg, code, router
         self.commit = git("-C", str(code), "rev-parse", "HEAD") if code else git("rev-parse", "HEAD")
         pythonpath = ":".join(str(d) for d in package_dirs(code)) if code else None
         self.stack = QuietStack(pythonpath)
@@ -230,7 +234,7 @@ class Variant:
         admin = BudgetAdmin(url(self.procs["budget"]))
         self.api_key = admin.provision("enterprise", {"key": UNLIMITED, "user": UNLIMITED, "team": UNLIMITED}).api_key
         admin.close()
-        self.procs["gateway"] = s.gateway(auth="budget", router="service")
+        self.procs["gateway"] = s.gateway(auth="budget", router=self.router)
         log.info("%s (%s): stack up in namespace %s", self.name, self.commit[:10], s.namespace)
 
     def close(self) -> None:
@@ -361,7 +365,10 @@ def run(cfg: CostConfig, argv: Sequence[str]) -> dict[str, Path]:
             subprocess.run(["git", "worktree", "add", "--detach", str(worktree), cfg.baseline], check=True,
                            capture_output=True)  # fmt: skip
             variants.append(Variant("base", cfg, worktree))
-        variants.append(Variant("this", cfg, None))
+        if cfg.router_ab:
+            variants += [Variant("service", cfg, None), Variant("shared", cfg, None, router="shared")]
+        else:
+            variants.append(Variant("this", cfg, None))
         for v in variants:
             v.start()
         time.sleep(2.0)  # the gateway sees the worker's heartbeat
@@ -410,6 +417,7 @@ def run(cfg: CostConfig, argv: Sequence[str]) -> dict[str, Path]:
             repeats=cfg.repeats,
             dirty_files=dirty,
             variants={v.name: v.commit for v in variants},
+            routers={v.name: v.router for v in variants},
             cores=psutil.cpu_count(),
         ),
         "figures": figures,
@@ -571,15 +579,18 @@ def parse_args(argv: Sequence[str] | None) -> CostConfig:
     p.add_argument("--window-s", type=float, default=15.0)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--baseline", help="a git revision measured beside this tree, interleaved")
+    p.add_argument("--router-ab", action="store_true", help="this tree twice: router service vs shared mode")
     p.add_argument("--dirty", action="store_true", help="measure a modified tree (the result says so)")
     p.add_argument("--no-profile", action="store_true", help="skip the py-spy windows")
     p.add_argument("--out-dir", type=Path, default=Path("results"))
     a = p.parse_args(argv)
     if a.streams < 1 or a.repeats < 1 or a.window_s < 1:
         p.error("--streams, --repeats >= 1 and --window-s >= 1")
+    if a.baseline and a.router_ab:
+        p.error("--baseline and --router-ab are two different A/B runs: one at a time")
     # 2 lengths x variants x repeats windows (+ 2 profiled), each warm-up + window + drain: stay under 15 min.
     per_window = a.window_s + 4.0 + 8.0
-    windows = 2 * (2 if a.baseline else 1) * a.repeats + (0 if a.no_profile else 2)
+    windows = 2 * (2 if a.baseline or a.router_ab else 1) * a.repeats + (0 if a.no_profile else 2)
     if windows * per_window > 13 * 60:
         p.error(f"{windows} windows of about {per_window:.0f} s pass 13 minutes: fewer --repeats or a shorter window")
     return CostConfig(
@@ -587,6 +598,7 @@ def parse_args(argv: Sequence[str] | None) -> CostConfig:
         window_s=a.window_s,
         repeats=a.repeats,
         baseline=a.baseline,
+        router_ab=a.router_ab,
         dirty=a.dirty,
         profile=not a.no_profile,
         out_dir=a.out_dir,

@@ -111,6 +111,7 @@ class BenchConfig:
     workload: str = "default"
     # Scale-out: processes of the gateway (on one port, SO_REUSEPORT) and of the worker (per engine).
     gateway_processes: int = 1
+    router: str = "service"  # the full stack's gateway router mode (service or shared)
     worker_processes: int = 1
     nats_url: str = os.environ.get("LLMLAB_NATS_URL", "nats://127.0.0.1:4222")
     dirty: bool = False  # --dirty: measure a modified tree (the result says so)
@@ -163,6 +164,13 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         choices=("relay", "full"),
         help="relay: gateway (static key, embedded router) + worker; full: + budget auth, router service, budget, "
         "accounting (default relay; gpu-like and capacity full)",
+    )
+    p.add_argument(
+        "--router",
+        choices=("service", "shared"),
+        default="service",
+        help="the full stack's gateway router mode: ask the router service (default) or decide in the gateway "
+        "and share the decisions (the router service still runs and follows them)",
     )
     p.add_argument(
         "--gateway-processes",
@@ -266,6 +274,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         workload=a.workload,
         gateway_processes=a.gateway_processes,
         worker_processes=a.worker_processes,
+        router=a.router,
     )
 
 
@@ -686,7 +695,7 @@ class Bench:
             scopes = {"key": unlimited, "user": unlimited, "team": unlimited}
             self.api_key = admin.provision("enterprise", scopes).api_key
             admin.close()
-            self.gateway = self.stack.gateway(auth="budget", router="service", env=gw_env)
+            self.gateway = self.stack.gateway(auth="budget", router=c.router, env=gw_env)
         else:
             self.gateway = self.stack.gateway(queue_timeout_s=c.queue_timeout_s, env=gw_env)
         self._wait_gateway_sees_worker()
@@ -1528,13 +1537,13 @@ def metadata(cfg: BenchConfig, bench: Bench, started: dt.datetime, duration_s: f
         "gateway": (
             {"queue_timeout_s": cfg.queue_timeout_s, "auth": "static", "router": "embedded"}
             if cfg.stack == "relay"
-            else {"queue_timeout_s": "default", "auth": "budget", "router": "service"}
+            else {"queue_timeout_s": "default", "auth": "budget", "router": cfg.router}
         ),
         "workload": cfg.workload,
         "stack": (
             "gateway (static key, embedded router), worker, simulator"
             if cfg.stack == "relay"
-            else "the default stack: gateway (budget auth, router service), worker, budget, router, accounting, "
+            else f"the default stack: gateway (budget auth, router {cfg.router}), worker, budget, router, accounting, "
             "simulator"
         ),
         "repeats": cfg.repeats,

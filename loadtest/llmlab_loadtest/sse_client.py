@@ -86,6 +86,7 @@ class RequestRecord:
     done: bool = False  # saw ``data: [DONE]``
     error_kind: str | None = None
     error: str | None = None
+    request_id: str | None = None  # the gateway's x-request-id
 
     @property
     def ok(self) -> bool:
@@ -304,6 +305,15 @@ def _plain_content_chunk(payload: bytes) -> bool | None:
     return payload[i + len(_CONTENT_KEY)] != 0x22  # 0x22 = '"': the empty string
 
 
+def http_error_code(error: str | None) -> str | None:
+    """The OpenAI error code in a record's ``http`` error (``HTTP <status>: <body>``); None when
+    the body carries none."""
+    try:
+        return str(json.loads((error or "").split(": ", 1)[-1])["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def apply_event(rec: RequestRecord, payload: bytes, at: float) -> None:
     """Fold one SSE ``data:`` payload into the record (``at``: seconds since the send)."""
     if payload == b"[DONE]":
@@ -376,6 +386,7 @@ async def stream_request(
             async with session.post(url, headers=headers, **kw) as resp:
                 rec.status = resp.status
                 rec.headers_at = clock() - t0
+                rec.request_id = resp.headers.get("x-request-id")
                 if resp.status != 200:
                     text = (await resp.content.read(2000)).decode(errors="replace")
                     rec.error_kind, rec.error = "http", f"HTTP {resp.status}: {text[:300]}"

@@ -107,7 +107,7 @@ def test_a_ci_sized_ladder_writes_its_steps_and_a_report_that_matches_them(tmp_p
     argv += ["--classes", "short,chat"]
     assert ladder.main([*argv, "--out", str(results)]) == 0
     steps = ladder.load_steps(results / "ci")
-    assert [s["step"] for s in steps] == [1, 2, 4]
+    assert [s["step"] for s in steps] == [1, 2, 4], [(s["step"], s.get("stop_reason")) for s in steps]
     for s in steps:
         records = ladder.read_records_csv(results / "ci" / f"step-{s['step']:04d}-requests.csv.gz")
         # Every answer k6 counted has its record; k6 drops the metrics (not the record) of a

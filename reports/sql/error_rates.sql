@@ -1,4 +1,4 @@
--- Error rates by class and day: ok, refused_budget, shed_budget, auth, client_error, timeout, server_error,
+-- Error rates by class and day: ok, refused_budget, shed_budget, shed_admission, auth, client_error, timeout, server_error,
 -- cancelled (requests; a retried request that succeeded is ok).
 -- plot: bar x=status_class y=n_requests
 SELECT

@@ -26,7 +26,7 @@ DOCS = sorted(
     }
 )
 RUN = re.compile(
-    r"results/((?:relay(?:-gpu|-capacity|-thousand|-cost)?|engine-modes|budget|router|accounting)/\d{8}T\d{6}Z)\b"
+    r"results/((?:relay(?:-gpu|-capacity|-thousand|-cost)?|engine-modes|budget|router|accounting|priority)/\d{8}T\d{6}Z)\b"
 )
 MET = re.compile(r"\b(?:MET|met|meets?|PASS)\b")
 MISS = re.compile(r"\bMISS\b")
@@ -41,6 +41,17 @@ def _numbers(text: str) -> set[str]:
     return set(re.findall(r"(?<![\d.])\d+(?:\.\d+)?(?![\d.])", re.sub(r"(?<=\d),(?=\d{3})", "", text)))
 
 
+def _cost_variant(by_variant: dict[str, list[dict]], unit: str) -> list[dict]:
+    """A cost_bench run's targets of the variant a unit speaks of: ``this``, or in an A/B of
+    variants on one tree (``--router-ab``: ``service``, ``shared``) the one it names first."""
+    if "this" in by_variant:
+        return by_variant["this"]
+    named = sorted((m.start(), n) for n in by_variant if (m := re.search(rf"\b{n}\b", unit)))
+    if not named:
+        raise AssertionError(f"a claim about a run of variants {sorted(by_variant)} names none: {unit[:120]}")
+    return by_variant[named[0][1]]
+
+
 def verdict(run: str, unit: str = "") -> str:
     """MET or MISS for one committed run, from its JSON. Where the run lists targets, a unit that
     states some of their limits ("<= 60 us", "16,000 tokens/s") is judged by those targets alone
@@ -48,7 +59,7 @@ def verdict(run: str, unit: str = "") -> str:
     data = json.loads((REPO / "results" / run / "result.json").read_text())
     kind = run.split("/", 1)[0]
     if kind in ("relay-cost", "relay-thousand", "relay-gpu"):
-        targets = data["targets"]["this"] if kind == "relay-cost" else data["summary"]["targets"]
+        targets = _cost_variant(data["targets"], unit) if kind == "relay-cost" else data["summary"]["targets"]
         said = _numbers(unit)
         named = [
             t
@@ -56,6 +67,11 @@ def verdict(run: str, unit: str = "") -> str:
             if (m := LIMIT.search(t["target"])) and str(float(m.group(1))).rstrip("0").rstrip(".") in said
         ]
         return "MET" if all(t["result"] == "PASS" for t in named or targets) else "MISS"
+    if kind == "priority":  # verdicts by name, each with its limit where it has one
+        checks = list(data["verdicts"].values())
+        said = _numbers(unit)
+        named = [t for t in checks if "limit_ms" in t and str(float(t["limit_ms"])).rstrip("0").rstrip(".") in said]
+        return "MET" if all(t["met"] for t in named or checks) else "MISS"
     if kind == "engine-modes":  # the in-process worker's CPU per token against the API server it replaces
         s = data["summary"]
         worker = s["inproc"]["us_per_token_by_process"]["worker"]

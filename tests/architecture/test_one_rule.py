@@ -65,7 +65,15 @@ class _Ledger:
         self.closed: list[tuple[str, int, int]] = []
 
     async def close(
-        self, request_id: str, state: str, *, input_tokens: int, output_tokens: int, now: float, tombstone: bool = False
+        self,
+        request_id: str,
+        state: str,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        now: float,
+        tombstone: bool = False,
+        attempt: int = 0,
     ) -> Closed:
         self.closed.append((state, input_tokens, output_tokens))
         return Closed("ok", charged=max(input_tokens, 0) + output_tokens, reserved=100)

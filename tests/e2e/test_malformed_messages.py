@@ -102,12 +102,13 @@ async def test_garbage_on_every_subject_is_refused_or_dead_lettered_and_traffic_
             for p in payloads:
                 await js.publish(subject, p)
         # Core subjects: tokens to the gateway (lone and batched), its alive probe, heartbeats,
-        # cancels, and the two request/reply services.
+        # cancels, shared routing decisions, and the two request/reply services.
         for subject in (
             topo.token_subject(GW, "r-unknown"),
             topo.token_batch_subject(GW),
             topo.heartbeat_subject("gpu-vllm", "w-forged"),
             topo.cancel_subject,
+            topo.router_commit_subject("gw-forged"),  # the router follows shared-mode decisions
         ):
             for p in [*_garbage("core"), b"{" * 5000]:
                 await nc.publish(subject, p)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from llmlab_testkit.e2e import LLAMA, QWEN, eventually, sim_stats
+from llmlab_testkit.e2e import LLAMA, QWEN, eventually, metric, sim_stats
 from llmlab_testkit.fixtures import DEV_KEY
 from llmlab_testkit.procs import ManagedProcess, Stack, url
 
@@ -194,3 +194,53 @@ async def test_catalog_reload_with_an_error_keeps_the_last_good_one(stack: Stack
         what="good reload",
     )
     assert catalog_status(router)["last_error"] is None
+
+
+def _chosen_workers(log_path: Path) -> dict[str, str]:
+    """request id -> the first target's worker, from a decision log."""
+    out = {}
+    for line in log_path.read_text().splitlines():
+        rec = json.loads(line)
+        out[rec["request_id"]] = rec["decision"]["targets"][0]["worker_id"]
+    return out
+
+
+async def test_shared_mode_gateways_route_on_each_others_decisions(stack: Stack) -> None:
+    """Gateways in ``shared`` router mode decide themselves and publish each choice, so each counts
+    the others' work in flight before any heartbeat reports it (heartbeats every 5 s here). Two idle
+    workers, the least-load picker (ties by id): a request through gateway A, and 0.3 s later one
+    through B, go to different workers, twice; so do one through A and one through a
+    service-mode gateway C (the router service follows the commits too). Without the commits, B and
+    the router would see two idle workers and pick A's worker again."""
+    sim = stack.sim("vllm", SMOL, ttft_ms=800, itl_ms=1, output_len=2)
+    for i in (1, 2):
+        stack.worker("vllm", "cpu-vllm", url(sim), worker_id=f"smol-w{i}", heartbeat_s=5)
+    router = stack.router()
+    a, b = stack.gateway(router="shared"), stack.gateway(router="shared")
+    c = stack.gateway(router="service", env={"LLMLAB_GATEWAY_ROUTER_TIMEOUT_S": "5"})
+
+    async def send(gw: ManagedProcess, delay: float) -> str:
+        await asyncio.sleep(delay)
+        async with httpx.AsyncClient() as h:
+            r = await h.post(
+                url(gw) + "/v1/chat/completions",
+                headers={**AUTH, "x-llmlab-route-policy": "latency-first"},
+                timeout=30,
+                json={"model": SMOL, "messages": HELLO, "max_tokens": 2},
+            )
+        assert r.status_code == 200, r.text
+        return r.headers["x-request-id"]
+
+    pairs = [await asyncio.gather(send(a, 0), send(other, 0.3)) for other in (b, b, c)]
+    chosen: dict[str, str] = {}
+    for log_path in [*stack.workdir.glob("gateway-*-decisions.jsonl"), router.decision_log]:  # type: ignore[attr-defined]
+        chosen.update(_chosen_workers(log_path))
+    for first, second in pairs:
+        assert {chosen[first], chosen[second]} == {"smol-w1", "smol-w2"}, pairs
+
+    # The router service counts the gateways' decisions too: A made 3 and B 2, by the policy asked.
+    def decisions(outcome: str) -> float:
+        return metric(router, "llmlab_router_decisions_total", policy="latency-first", outcome=outcome)
+
+    await eventually(lambda: decisions("shared") == 3 + 2, timeout=5, what="5 shared decisions counted")
+    assert decisions("routed") == 1  # C's, decided by the service itself

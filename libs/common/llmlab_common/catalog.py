@@ -139,7 +139,8 @@ class Plan(_Strict):
     default_max_tokens: int = Field(gt=0)
     quality_floor: float = Field(ge=0, le=1)
     cost_cap_usd: float = Field(gt=0)
-    priority: int = 0
+    # Higher is served first when workers are saturated (one queue per priority and pool).
+    priority: int = Field(default=0, ge=0, le=3)
     slo_class: str
     budget: PlanBudget = Field(default_factory=PlanBudget)
 

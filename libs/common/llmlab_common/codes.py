@@ -56,6 +56,8 @@ class Code(StrEnum):
     INSUFFICIENT_QUOTA = "insufficient_quota"  # a daily or monthly token budget
     QUEUE_TIMEOUT = "queue_timeout"  # no worker took the request within the queue timeout
     OVERLOADED = "overloaded"  # the budget service sheds load
+    # Admission: the predicted wait for a worker exceeds the request's SLO class bound (refused at once).
+    QUEUE_WAIT_PREDICTED = "queue_wait_predicted"
     AUTHENTICATION_FAILURES = "too_many_authentication_failures"  # per client address (authguard)
     # -- 5xx -------------------------------------------------------------------------------------
     INTERNAL_ERROR = "internal_error"

@@ -74,6 +74,18 @@ class RouteInfo(BaseModel):
     prompt_hash: str | None = None
 
 
+class Resume(BaseModel):
+    """Mid-stream failover: this attempt continues a stream whose answering attempt failed after
+    tokens had reached the client. The engine is asked to continue ``text`` (chat: as a final
+    assistant message it continues; completions: appended to the prompt); ``params.max_tokens``
+    is already reduced by ``tokens``."""
+
+    model_config = ConfigDict(extra="forbid")
+    from_attempt: int = Field(ge=1)  # the attempt whose stream this one continues
+    text: str  # everything the client has received so far, in order
+    tokens: int = Field(ge=0)  # those tokens, as the engines counted them
+
+
 class InferenceRequest(_RequestMsg):
     """Gateway → worker, on a pool or per-worker subject of the requests stream."""
 
@@ -101,6 +113,7 @@ class InferenceRequest(_RequestMsg):
     route_s: float | None = None  # the router's decision (round trip, or in-process)
     prep_s: float | None = None  # routing decided → the first attempt published (build, publish)
     first_dispatch_offset_s: float | None = None  # accepted → the first attempt published
+    resume: Resume | None = None  # set on an attempt that continues an interrupted stream
 
 
 # -- token stream back to the gateway (core NATS, per request) -------------------------------
@@ -292,6 +305,13 @@ class Heartbeat(_Msg):
     # New for each start of the worker process: a worker restarted under the same id (a
     # StatefulSet pod) beats again at once, yet the attempts its previous process took are lost.
     instance_id: str = ""
+    # Admission's inputs (the gateway predicts a new request's wait from them): attempts waiting in
+    # the pool's queues and in this worker's own, per plan priority (index = priority; the
+    # JetStream consumers' pending counts), and the mean time an attempt held a slot lately (taken
+    # to terminal message); None until known.
+    queued_by_priority: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, max_length=16)
+    addressed_by_priority: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, max_length=16)
+    mean_service_s: float | None = Field(default=None, ge=0)
 
 
 # -- events (JetStream, every consumer reads all) -----------------------------------------------
@@ -325,6 +345,11 @@ class AttemptEvent(_RequestMsg):
     route: RouteInfo | None = None
     created_at: float
     ended_at: float
+    # Mid-stream failover (see :class:`Resume`). On the attempt that continued a stream: the
+    # output tokens delivered before it, which it bills (:func:`llmlab_common.rules.charge_for`).
+    # On an attempt that was interrupted: the tokens it delivered, which a later attempt bills.
+    resumed_tokens: int = Field(default=0, ge=0)
+    carried_tokens: int = Field(default=0, ge=0)
 
 
 class RequestEvent(_RequestMsg):
@@ -377,6 +402,17 @@ class RouteReply(_RequestMsg):
     slo_class: str | None = None
     reason: str = ""
     error: ErrorInfo | None = None
+
+
+class RouteCommit(_Msg):
+    """A decision made in a gateway (``shared`` router mode), for the other routing states: one more
+    attempt sent to ``worker_id`` since its heartbeat, and the prompt's leading blocks now at home
+    there (the same update :meth:`llmlab_routing.state.LiveState.commit` makes for a local decision)."""
+
+    deployment: str = Field(max_length=256)
+    worker_id: str | None = Field(default=None, max_length=64)
+    prefix_hashes: list[str] = Field(default_factory=list, max_length=64)
+    policy: str = Field(default="", max_length=64)  # the routing policy that decided (for metrics)
 
 
 class RouteBatch(_Msg):

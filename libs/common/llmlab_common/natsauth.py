@@ -109,10 +109,11 @@ def permissions(topo: Topology) -> dict[str, dict[str, Any]]:
                 topo.budget_reserve_batch_subject,
                 topo.router_route_subject,
                 topo.router_route_batch_subject,
+                topo.router_commit_wildcard,  # shared router mode: its own decisions, narrowed to its id
                 *_js_common(topo),
                 *_ordered_events(topo),
             ],
-            "subscribe": [f"{ns}.tok.>", f"{ns}.ctl.alive.>", topo.heartbeat_wildcard],
+            "subscribe": [f"{ns}.tok.>", f"{ns}.ctl.alive.>", topo.heartbeat_wildcard, topo.router_commit_wildcard],
             "allow_responses": True,  # answers the workers' "still wanted?" probes
         },
         "worker": {
@@ -144,7 +145,12 @@ def permissions(topo: Topology) -> dict[str, dict[str, Any]]:
                 f"{JS}.CONSUMER.LIST.{req}",  # the queue depth per pool
                 f"{JS}.CONSUMER.INFO.{req}.>",
             ],
-            "subscribe": [topo.router_route_subject, topo.router_route_batch_subject, topo.heartbeat_wildcard],
+            "subscribe": [
+                topo.router_route_subject,
+                topo.router_route_batch_subject,
+                topo.heartbeat_wildcard,
+                topo.router_commit_wildcard,
+            ],
             "allow_responses": True,
         },
         "accounting": {
@@ -183,6 +189,9 @@ def permissions_for(topo: Topology, user: str) -> dict[str, Any]:
     out["subscribe"] = [narrowed.get(s, s) for s in perm["subscribe"]]
     if role == "worker":  # a worker publishes tokens to every gateway, heartbeats only as itself
         out["publish"] = [f"{ns}.hb.*.{ident}" if s == f"{ns}.hb.>" else s for s in perm["publish"]]
+    if role == "gateway":  # a gateway's routing decisions go out under its own id only
+        own = topo.router_commit_subject(ident)
+        out["publish"] = [own if s == topo.router_commit_wildcard else s for s in perm["publish"]]
     return out
 
 

@@ -37,6 +37,9 @@ class InboxPull:
         self._sub: Subscription | None = None
 
     async def start(self) -> None:
+        await self._subscribe()
+
+    async def _subscribe(self) -> None:
         self._sub = await self.nc.subscribe(self.inbox, cb=self._on_msg)
 
     async def close(self) -> None:
@@ -46,6 +49,15 @@ class InboxPull:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
+
+    async def renew_inbox(self) -> None:
+        """Listen on a fresh inbox, dropping the outstanding pull: the server serves a waiting
+        pull only while its inbox has a subscriber, so it ends that pull instead of delivering
+        into it (a message already on its way is lost to this pull and redelivered after its
+        ``ack_wait``: a window of microseconds against the pull's whole expiry)."""
+        await self.close()
+        self.inbox = self.nc.new_inbox()
+        await self._subscribe()
 
     async def request(self, batch: int, expires_s: float) -> None:
         """Ask for up to ``batch`` messages, the pull ending after ``expires_s`` at the latest."""

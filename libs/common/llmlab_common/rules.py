@@ -8,8 +8,11 @@
   router's health filter: not a queue timeout).
 * **Budget refusals** (:func:`is_budget_refusal`): which errors mean "the budget said no". The
   budget service raises them; accounting classifies request events by them.
-* **Charging** (:func:`charge_for`): what a request pays because of one attempt event. The budget
-  settles reservations with it; accounting bills rows with it.
+* **Charging** (:func:`charge_for`, :func:`resumed_usage`): what a request pays because of one
+  attempt event. The budget settles reservations with it; accounting bills rows with it; the
+  gateway reports a resumed stream's usage to the client with it.
+* **Engine failures** (:func:`engine_failed`): which engine statuses mean the engine (not the
+  request) failed: the worker retries them before the first token, the gateway resumes after it.
 * **SLO semantics** (:func:`slo_verdict`): whether an answer met its SLO class. Accounting judges
   attempts, the engine twin judges replayed requests, the router's SLO filter judges estimates.
 """
@@ -22,7 +25,7 @@ from typing import NamedTuple
 
 from llmlab_common.catalog import SloClass
 from llmlab_common.codes import Code
-from llmlab_common.messages import AttemptEvent, AttemptOutcome, ErrorInfo
+from llmlab_common.messages import AttemptEvent, AttemptOutcome, ErrorInfo, Usage
 
 # -- API keys ------------------------------------------------------------------------------------
 
@@ -53,6 +56,15 @@ FAILED_OUTCOMES: frozenset[AttemptOutcome] = frozenset({"engine_error", "worker_
 
 def attempt_failed(outcome: AttemptOutcome) -> bool:
     return outcome in FAILED_OUTCOMES
+
+
+# Engine answers that say the engine failed, not the request: no connection (0), or a 5xx that a
+# healthy engine elsewhere would not give. A 4xx is the request's own fault and fails anywhere.
+ENGINE_FAILURE_STATUSES: frozenset[int] = frozenset({0, 500, 502, 503, 504})
+
+
+def engine_failed(status: int) -> bool:
+    return status in ENGINE_FAILURE_STATUSES
 
 
 def counts_against_deployment(ev: AttemptEvent) -> bool:
@@ -107,15 +119,30 @@ class Charge(NamedTuple):
     output_tokens: int
 
 
+def resumed_usage(usage: Usage, resumed_tokens: int) -> Usage:
+    """The usage of a request whose stream an attempt resumed, from that attempt's engine usage.
+    Its engine processed the delivered text again as prompt: that part is input the request does
+    not pay (the retry's overhead), and it is output the request does pay, once. Exact up to the
+    engine re-tokenizing the delivered text (a token or two at a boundary)."""
+    if resumed_tokens <= 0:
+        return usage
+    prompt = max(usage.prompt_tokens - resumed_tokens, 0) if usage.prompt_tokens > 0 else 0
+    completion = usage.completion_tokens + resumed_tokens
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
 def charge_for(ev: AttemptEvent) -> Charge | None:
     """The charging rule: a request pays once, for the attempt that answered (its input and output
-    tokens as the engine counted them); a request the client cancels pays its input (the
-    reservation's estimate) plus the tokens delivered before it left (the gateway's
-    ``cancelled``/``client_disconnected`` event). Any other attempt event charges nothing (None):
-    tokens burnt by failed attempts (retries, fallbacks) are the operator's cost, and a request
-    that fails as a whole pays nothing."""
+    tokens as the engine counted them; for an attempt that resumed an interrupted stream, the
+    request's view of them, :func:`resumed_usage`: the original input, and every token the
+    client received); a request the client cancels pays its input (the reservation's estimate)
+    plus the tokens delivered before it left (the gateway's ``cancelled``/``client_disconnected``
+    event). Any other attempt event charges nothing (None): tokens burnt by failed attempts
+    (retries, fallbacks, the interrupted attempt of a resumed stream) are the operator's cost,
+    and a request that fails as a whole pays nothing."""
     if ev.outcome == "completed" and ev.usage is not None:
-        return Charge(ev.usage.prompt_tokens if ev.usage.prompt_tokens > 0 else None, ev.usage.completion_tokens)
+        u = resumed_usage(ev.usage, ev.resumed_tokens)
+        return Charge(u.prompt_tokens if u.prompt_tokens > 0 else None, u.completion_tokens)
     if (
         ev.outcome == "cancelled"
         and ev.source == "gateway"

@@ -29,6 +29,9 @@ Layout (``<ns>`` is :attr:`InfraSettings.namespace`):
 * ``<ns>.router.route``              request/reply gateway → router (queue group ``router``): the
   target chain of one request. Routers read heartbeats and ``<ns>.evt.attempt`` for live state.
 * ``<ns>.router.route_batch``        the same for several requests (:class:`~llmlab_common.messages.RouteBatch`).
+* ``<ns>.router.commit.<gateway>``   fire-and-forget, from a gateway deciding itself in ``shared`` router
+  mode: the target it chose (:class:`~llmlab_common.messages.RouteCommit`), so every other gateway
+  and the router service count that work and that prefix as theirs would have been.
 """
 
 from __future__ import annotations
@@ -37,7 +40,11 @@ import re
 from dataclasses import dataclass
 
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_PRIORITY_RE = re.compile(r"^p[1-9][0-9]*$")
 TOKEN_BATCH = "_batch"  # the last token of a batch subject; never a request id
+# Plan priorities 0..PRIORITY_LEVELS-1 (the catalog refuses others): each has its own queue per
+# pool, and workers take the higher ones first (priority 0 is the pool's plain subject).
+PRIORITY_LEVELS = 4
 
 
 def check_token(value: str, what: str) -> str:
@@ -45,6 +52,12 @@ def check_token(value: str, what: str) -> str:
     if not _TOKEN_RE.match(value):
         raise ValueError(f"{what} {value!r} is not a valid NATS subject token ([A-Za-z0-9_-]{{1,64}})")
     return value
+
+
+def check_priority(priority: int) -> int:
+    if not 0 <= priority < PRIORITY_LEVELS:
+        raise ValueError(f"priority {priority} is outside 0..{PRIORITY_LEVELS - 1}")
+    return priority
 
 
 @dataclass(frozen=True)
@@ -69,19 +82,25 @@ class Topology:
         return f"{self.namespace}.evt.>"
 
     # -- requests ----------------------------------------------------------------------------
-    def pool_subject(self, pool: str) -> str:
-        return f"{self.namespace}.req.pool.{check_token(pool, 'pool')}"
+    def pool_subject(self, pool: str, priority: int = 0) -> str:
+        """The pool's queue for one plan priority (0: ``<ns>.req.pool.<pool>``, k: ``....p<k>``)."""
+        base = f"{self.namespace}.req.pool.{check_token(pool, 'pool')}"
+        return base if priority == 0 else f"{base}.p{check_priority(priority)}"
 
-    def worker_subject(self, pool: str, worker_id: str) -> str:
-        return f"{self.namespace}.req.worker.{check_token(pool, 'pool')}.{check_token(worker_id, 'worker id')}"
+    def worker_subject(self, pool: str, worker_id: str, priority: int = 0) -> str:
+        """One worker's own queue (the router addressed the attempt to it), per plan priority."""
+        base = f"{self.namespace}.req.worker.{check_token(pool, 'pool')}.{check_token(worker_id, 'worker id')}"
+        return base if priority == 0 else f"{base}.p{check_priority(priority)}"
 
     @staticmethod
-    def pool_consumer(pool: str) -> str:
-        return f"pool-{check_token(pool, 'pool')}"
+    def pool_consumer(pool: str, priority: int = 0) -> str:
+        base = f"pool-{check_token(pool, 'pool')}"
+        return base if priority == 0 else f"{base}-p{check_priority(priority)}"
 
     @staticmethod
-    def worker_consumer(worker_id: str) -> str:
-        return f"worker-{check_token(worker_id, 'worker id')}"
+    def worker_consumer(worker_id: str, priority: int = 0) -> str:
+        base = f"worker-{check_token(worker_id, 'worker id')}"
+        return base if priority == 0 else f"{base}-p{check_priority(priority)}"
 
     def request_subject_pool(self, subject: str) -> str | None:
         """The pool of a request subject of this namespace (:meth:`pool_subject` or
@@ -90,6 +109,9 @@ class Topology:
         if not subject.startswith(prefix):
             return None
         parts = subject[len(prefix) :].split(".")
+        plain = {"pool": 2, "worker": 3}.get(parts[0])
+        if plain is not None and len(parts) == plain + 1 and _PRIORITY_RE.match(parts[-1]):
+            parts = parts[:-1]  # a priority's queue counts toward its pool
         if (parts[0], len(parts)) in (("pool", 2), ("worker", 3)):
             pool = parts[1]
             return pool if _TOKEN_RE.match(pool) else None
@@ -177,6 +199,13 @@ class Topology:
     @property
     def router_route_batch_subject(self) -> str:
         return f"{self.namespace}.router.route_batch"
+
+    def router_commit_subject(self, gateway_id: str) -> str:
+        return f"{self.namespace}.router.commit.{check_token(gateway_id, 'gateway id')}"
+
+    @property
+    def router_commit_wildcard(self) -> str:
+        return f"{self.namespace}.router.commit.*"
 
     ROUTER_QUEUE_GROUP = "router"
     BUDGET_SETTLE_CONSUMER = "budget-settle"

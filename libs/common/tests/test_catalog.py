@@ -61,3 +61,13 @@ def test_invalid_yaml_is_reported(tmp_path: Path) -> None:
     p.write_text("version: 1\ndeployments: [\n")
     with pytest.raises(CatalogError, match="invalid YAML"):
         load_catalog(p)
+
+
+def test_a_plan_priority_must_have_a_queue(tmp_path: Path) -> None:
+    # One queue per priority and pool (llmlab_common.subjects.PRIORITY_LEVELS): 0..3.
+    from llmlab_common.subjects import PRIORITY_LEVELS
+
+    p = _broken(tmp_path, "priority: 2", f"priority: {PRIORITY_LEVELS}")
+    with pytest.raises(CatalogError, match="priority"):
+        load_catalog(p)
+    assert max(plan.priority for plan in load_catalog(DEFAULT_CATALOG).plans.values()) < PRIORITY_LEVELS

@@ -13,7 +13,7 @@ from llmlab_common.messages import (
     token_chunk_json,
 )
 from llmlab_common.metrics import Metrics, parse_prometheus_text
-from llmlab_common.subjects import Topology, attempt_msg_id
+from llmlab_common.subjects import PRIORITY_LEVELS, Topology, attempt_msg_id
 
 pytestmark = pytest.mark.unit
 
@@ -30,6 +30,27 @@ def test_subjects_are_namespaced_and_pool_filters_never_overlap() -> None:
         t.pool_subject("bad.pool")
     with pytest.raises(ValueError):
         t.token_subject("gw", "id>")
+
+
+def test_each_plan_priority_has_its_own_pool_queue() -> None:
+    t = Topology("abc")
+    assert [t.pool_subject("p1", p) for p in range(PRIORITY_LEVELS)] == [
+        "abc.req.pool.p1",
+        "abc.req.pool.p1.p1",
+        "abc.req.pool.p1.p2",
+        "abc.req.pool.p1.p3",
+    ]
+    assert [t.pool_consumer("p1", p) for p in (0, 2)] == ["pool-p1", "pool-p1-p2"]
+    # Every queue counts toward its pool's backlog (the router's gauges), nothing else does.
+    assert [t.request_subject_pool(t.pool_subject("gpu", p)) for p in range(PRIORITY_LEVELS)] == ["gpu"] * 4
+    assert t.request_subject_pool("abc.req.pool.gpu.x2") is None
+    # A worker's own queue has one per priority too.
+    assert t.worker_subject("gpu", "w1", 2) == "abc.req.worker.gpu.w1.p2"
+    assert t.worker_consumer("w1", 2) == "worker-w1-p2" and t.worker_consumer("w1") == "worker-w1"
+    assert t.request_subject_pool(t.worker_subject("gpu", "w1", 3)) == "gpu"
+    for bad in (-1, PRIORITY_LEVELS):
+        with pytest.raises(ValueError):
+            t.pool_subject("p1", bad)
 
 
 def test_token_batches_have_their_own_subject_per_gateway() -> None:

@@ -63,6 +63,13 @@ def _may(user: str, kind: str, subject: str) -> bool:
         ("worker.w1", "publish", "ns.hb.gpu.w2", False),
         ("worker.w1", "publish", "ns.tok.gw2.r1", True),  # tokens go to every gateway
         ("worker.w1", "subscribe", "_INBOX_worker.w2.x", False),
+        # Shared router mode: a gateway publishes its decisions under its own id; everyone routing reads them.
+        ("gateway.gw1", "publish", "ns.router.commit.gw1", True),
+        ("gateway.gw1", "publish", "ns.router.commit.gw2", False),
+        ("gateway.gw1", "subscribe", "ns.router.commit.gw2", True),
+        ("router", "subscribe", "ns.router.commit.gw2", True),
+        ("router", "publish", "ns.router.commit.gw2", False),
+        ("worker", "publish", "ns.router.commit.gw2", False),
         ("budget.b1", "subscribe", "ns.budget.reserve", True),
         ("budget.b1", "subscribe", "_INBOX_budget.b2.x", False),
     ],

@@ -49,6 +49,26 @@ def test_the_answering_attempt_pays_engine_counts_and_failures_pay_nothing() -> 
     assert rules.charge_for(event("completed", usage=None)) is None
 
 
+def test_a_resumed_stream_pays_its_input_once_and_every_delivered_token_once() -> None:
+    # Attempt 1 delivered 30 tokens of a 100-token prompt and died; attempt 2 was given the prompt
+    # plus those 30 tokens (130 as its engine counted) and generated 12 more.
+    cont = event("completed", prompt=130, completion=12, resumed_tokens=30)
+    assert rules.charge_for(cont) == (100, 42)
+    u = rules.resumed_usage(Usage(prompt_tokens=130, completion_tokens=12, total_tokens=142), 30)
+    assert (u.prompt_tokens, u.completion_tokens, u.total_tokens) == (100, 42, 142)
+    # Not resumed: the engine's usage as it is; no engine prompt count stays "the estimate".
+    plain = Usage(prompt_tokens=5, completion_tokens=2, total_tokens=7)
+    assert rules.resumed_usage(plain, 0) is plain
+    assert rules.charge_for(event("completed", prompt=0, completion=12, resumed_tokens=30)) == (None, 42)
+    # The interrupted attempt pays nothing: its delivered tokens are the continuation's to bill.
+    assert rules.charge_for(event("worker_lost", "gateway", completion=30, carried_tokens=30)) is None
+
+
+def test_engine_failures_are_the_statuses_an_engine_elsewhere_would_not_give() -> None:
+    assert all(rules.engine_failed(s) for s in (0, 500, 502, 503, 504))
+    assert not any(rules.engine_failed(s) for s in (400, 404, 413, 422, 429))
+
+
 def test_a_client_that_leaves_pays_its_estimated_input_and_what_it_received() -> None:
     gone = ErrorInfo(status=499, type="client", code=Code.CLIENT_DISCONNECTED, message="")
     assert rules.charge_for(event("cancelled", "gateway", prompt=0, completion=5, error=gone)) == (None, 5)

@@ -1,11 +1,13 @@
-"""NATS adapter feeding :class:`LiveState`: worker heartbeats (core NATS) and attempt events (an
-ephemeral ordered consumer on the events stream from now on: live figures need no history)."""
+"""NATS adapter feeding :class:`LiveState`: worker heartbeats (core NATS), attempt events (an
+ephemeral ordered consumer on the events stream from now on: live figures need no history) and,
+where asked, the decisions gateways in ``shared`` router mode made themselves (core NATS)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
-from llmlab_common.messages import AttemptEvent, Heartbeat
+from llmlab_common.messages import AttemptEvent, Heartbeat, RouteCommit
 from llmlab_common.subjects import Topology
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -35,16 +37,29 @@ def parse_heartbeat(topo: Topology, subject: str, data: bytes) -> Heartbeat | No
 
 class LiveFeed:
     def __init__(
-        self, nc: NATS, js: JetStreamContext, topo: Topology, state: LiveState, heartbeats: bool = True
+        self,
+        nc: NATS,
+        js: JetStreamContext,
+        topo: Topology,
+        state: LiveState,
+        heartbeats: bool = True,
+        commits_except: str | None = None,
+        on_commit: Callable[[RouteCommit], None] | None = None,
     ) -> None:
         self.nc, self.js, self.topo, self.state = nc, js, topo, state
         # False where the process already parses heartbeats and hands them to state.on_heartbeat.
         self.heartbeats = heartbeats
+        # Not None: apply the gateways' shared decisions, except those on this subject (its own:
+        # already applied when it decided).
+        self.commits_except = commits_except
+        self.on_commit = on_commit  # told of each one applied (the router service counts them)
         self._subs: list[Subscription] = []
 
     async def start(self) -> None:
         if self.heartbeats:
             self._subs.append(await self.nc.subscribe(self.topo.heartbeat_wildcard, cb=self._on_heartbeat))
+        if self.commits_except is not None:
+            self._subs.append(await self.nc.subscribe(self.topo.router_commit_wildcard, cb=self._on_commit))
         self._subs.append(
             await self.js.subscribe(
                 self.topo.attempt_event_subject,
@@ -73,3 +88,15 @@ class LiveFeed:
             self.state.on_attempt(AttemptEvent.model_validate_json(msg.data))
         except ValidationError:
             log.warning("malformed attempt event ignored by the router")
+
+    async def _on_commit(self, msg: Msg) -> None:
+        if msg.subject == self.commits_except:
+            return
+        try:
+            c = RouteCommit.model_validate_json(msg.data)
+        except ValidationError:
+            log.warning("malformed route commit dropped from %s", msg.subject)
+            return
+        self.state.commit(c.deployment, c.worker_id, c.prefix_hashes)
+        if self.on_commit is not None:
+            self.on_commit(c)

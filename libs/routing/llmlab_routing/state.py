@@ -8,12 +8,15 @@ holds an attempt (:meth:`LiveState.alive`) and how many workers of a pool are re
 from __future__ import annotations
 
 import time
+from bisect import bisect_left, insort
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from llmlab_common import rules
 from llmlab_common.messages import HEARTBEAT_MISSES, AttemptEvent, Heartbeat
 from llmlab_common.stats import quantile
+
+from llmlab_routing.admission import WaitEstimate, predict_wait
 
 
 @dataclass
@@ -23,39 +26,69 @@ class _Worker:
     pending: int = 0  # sent by this router since the heartbeat (the heartbeat cannot count them yet)
 
 
-@dataclass
 class _Window:
-    samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=512))
-    _p95: float | None = None
-    _dirty: bool = True
+    """Timed samples with their values also kept sorted, so the p95 of a decision costs an index
+    and not a sort: every completed attempt changes the window, and sorting it per decision was
+    the largest share of a decision's CPU (the shared-mode gateway's profile of the first
+    ``cost_bench --router-ab`` run; docs/benchmarks.md)."""
+
+    MAX = 512
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, float]] = deque()
+        self._sorted: list[float] = []
 
     def add(self, t: float, v: float) -> None:
+        if len(self.samples) == self.MAX:
+            self._drop()
         self.samples.append((t, v))
-        self._dirty = True
+        insort(self._sorted, v)
+
+    def _drop(self) -> None:
+        _, v = self.samples.popleft()
+        del self._sorted[bisect_left(self._sorted, v)]
 
     def p95(self, now: float, window_s: float, min_samples: int) -> float | None:
         while self.samples and self.samples[0][0] < now - window_s:
-            self.samples.popleft()
-            self._dirty = True
+            self._drop()
         if len(self.samples) < min_samples:
             return None
-        if self._dirty:  # recomputed only after a change: decisions stay cheap
-            self._p95 = quantile(sorted(v for _, v in self.samples), 0.95)
-            self._dirty = False
-        return self._p95
+        return quantile(self._sorted, 0.95)
+
+
+class _Outcomes:
+    """Timed outcomes with a running count of failures (the rate is read on every decision)."""
+
+    MAX = 256
+
+    def __init__(self) -> None:
+        self.items: deque[tuple[float, bool]] = deque()
+        self.bad = 0
+
+    def append(self, item: tuple[float, bool]) -> None:
+        if len(self.items) == self.MAX:
+            self._drop()
+        self.items.append(item)
+        self.bad += item[1]
+
+    def _drop(self) -> None:
+        self.bad -= self.items.popleft()[1]
+
+    def rate(self, now: float, window_s: float) -> tuple[float, int]:
+        while self.items and self.items[0][0] < now - window_s:
+            self._drop()
+        n = len(self.items)
+        return (self.bad / n if n else 0.0), n
 
 
 @dataclass
 class DeploymentStats:
     ttft: _Window = field(default_factory=_Window)
     itl: _Window = field(default_factory=_Window)
-    outcomes: deque[tuple[float, bool]] = field(default_factory=lambda: deque(maxlen=256))
+    outcomes: _Outcomes = field(default_factory=_Outcomes)
 
     def failure_rate(self, now: float, window_s: float) -> tuple[float, int]:
-        while self.outcomes and self.outcomes[0][0] < now - window_s:
-            self.outcomes.popleft()
-        n = len(self.outcomes)
-        return (sum(1 for _, bad in self.outcomes if bad) / n if n else 0.0), n
+        return self.outcomes.rate(now, window_s)
 
 
 class LiveState:
@@ -111,6 +144,15 @@ class LiveState:
                 hbs.append(w.hb)
                 pending.append(w.pending)
         return hbs, pending
+
+    def predicted_wait(
+        self, pool: str, priority: int = 0, now: float | None = None, local_queued: int = 0
+    ) -> WaitEstimate | None:
+        """What a request of ``priority`` sent to ``pool`` now would wait for a worker
+        (:mod:`llmlab_routing.admission`); ``local_queued``: what the caller itself published there
+        that no worker took yet."""
+        hbs = self.live_entries(pool, time.monotonic() if now is None else now)[0]
+        return predict_wait(hbs, priority, local_queued)
 
     def alive(self, worker_id: str, instance_id: str = "", now: float | None = None) -> bool:
         """Beating within its TTL, and, when ``instance_id`` is given, still the same process (one

@@ -3,13 +3,16 @@ replaces priors after enough samples, failures mark a deployment, the affinity t
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 from llmlab_common.codes import Code
 from llmlab_common.messages import AttemptEvent, ErrorInfo, Principal, RouteQuery, Timings
 from llmlab_common.settings import DEFAULT_CATALOG
 from llmlab_routing.config import load_router_catalog
 from llmlab_routing.core import RouterCore
-from llmlab_routing.state import LiveState
+from llmlab_routing.state import DeploymentStats, LiveState
 from llmlab_testkit.routing import heartbeat as hb
 
 pytestmark = pytest.mark.unit
@@ -111,3 +114,27 @@ def test_engine_queue_and_overflow_count_as_queued_and_raise_the_ttft_estimate()
     w = view.workers[0]
     assert (w.in_flight, w.queued) == (9, 3 + 1)
     assert view.est_ttft_s() == pytest.approx(0.25 * (1 + 9 / 8 + 4))
+
+
+def test_windows_kept_sorted_match_a_sort_of_what_is_left_after_expiry_and_overflow() -> None:
+    """The window's p95 and failure rate, kept incrementally, against numpy over the samples that
+    should remain: those within the window and, past the cap, only the newest."""
+    rng = random.Random(7)
+    st = DeploymentStats()
+    kept: list[tuple[float, float, bool]] = []
+    for i in range(3000):
+        now = i * 0.05
+        # Values falling then rising (a stale one would show in the p95), rounded so that some tie.
+        v, bad = round(rng.random() + abs(1500 - i) / 300, 2), rng.random() < 0.2
+        st.ttft.add(now, v)
+        st.outcomes.append((now, bad))
+        kept.append((now, v, bad))
+        if i % 37 == 0:
+            window = rng.choice([5.0, 20.0, 60.0])
+            live = [x for x in kept[-512:] if x[0] >= now - window]
+            got = st.ttft.p95(now, window, 1)
+            assert got == pytest.approx(float(np.percentile([x[1] for x in live], 95))), i
+            outcomes = [x for x in kept[-256:] if x[0] >= now - window]
+            rate, n = st.failure_rate(now, window)
+            assert n == len(outcomes) and rate == pytest.approx(sum(x[2] for x in outcomes) / n), i
+            kept = [x for x in kept if x[0] >= now - window]  # what the window dropped stays dropped

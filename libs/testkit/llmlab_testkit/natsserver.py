@@ -5,9 +5,7 @@ machine's shared NATS on :4222 stays unauthenticated for the rest of the suite."
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +13,7 @@ from pathlib import Path
 from llmlab_common.natsauth import ROLES, new_passwords, server_config
 from llmlab_common.subjects import Topology
 
-from llmlab_testkit.procs import free_port
+from llmlab_testkit.procs import free_port, wait_port
 
 
 def nats_server_binary() -> str | None:
@@ -62,18 +60,13 @@ def start_auth_nats(workdir: Path, namespace: str, users: Sequence[str] = ROLES)
     proc = subprocess.Popen(
         [binary, "-c", str(conf), "-l", str(log)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
-    deadline = time.monotonic() + 15
-    while True:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            logged = log.read_text()[-2000:] if log.exists() else ""
-            raise RuntimeError(f"nats-server exited ({proc.returncode}): {err[-2000:]} {logged}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("nats-server did not start listening in 15 s") from None
-            time.sleep(0.05)
+    try:
+        up = wait_port(port, 15, lambda: proc.poll() is None)
+    except TimeoutError:
+        proc.kill()
+        raise RuntimeError("nats-server did not start listening in 15 s") from None
+    if not up:
+        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        logged = log.read_text()[-2000:] if log.exists() else ""
+        raise RuntimeError(f"nats-server exited ({proc.returncode}): {err[-2000:]} {logged}")
     return AuthNats(f"nats://127.0.0.1:{port}", passwords, proc, log)

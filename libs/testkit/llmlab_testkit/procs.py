@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 15.0, alive: Callable[[], bool] = lambda: True) -> bool:
+    """True once something accepts connections on 127.0.0.1:``port``; False as soon as
+    ``alive()`` says the process meant to listen there has gone. TimeoutError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while alive():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listens on {port} after {timeout:g} s") from None
+            time.sleep(0.05)
+    return False
 
 
 def unique_namespace() -> str:
@@ -103,6 +119,24 @@ class ManagedProcess:
             assert self.proc is not None
             self._signal_group(signal.SIGKILL)
             self.proc.wait(10)
+
+    def pause(self) -> None:
+        """SIGSTOP the process group: it holds its sockets open and answers nothing (a hung process)."""
+        self._signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_group(signal.SIGCONT)
+
+    def restart(self, timeout: float = 30.0) -> ManagedProcess:
+        """A new process of the same command and environment (same port, same id), after this one
+        ended (a crash restarted by its supervisor); waits until ready when there is a ready URL."""
+        if self.alive():
+            self.stop()
+        self.stopped = False
+        self.start()
+        if self.ready_url is not None:
+            self.wait_ready(timeout)
+        return self
 
     def stop(self, timeout: float = 15.0) -> int | None:
         if self.proc is None:

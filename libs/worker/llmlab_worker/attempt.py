@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import cast
 
+from llmlab_common import rules
 from llmlab_common.codes import Code
 from llmlab_common.errors import EngineError, InvalidRequest, LLMLabError, NotFound, PayloadTooLarge, UpstreamTimeout
 from llmlab_common.messages import (
@@ -131,6 +132,48 @@ class AttemptContext:
     stream: Callable[[InferenceRequest], AsyncIterator[EngineEvent]]
     # The engine's windowed mean queue time, for engines that do not report it per request.
     engine_queue_estimate: Callable[[], float | None] | None = None
+    # An engine that sends nothing for this long after the first token has stalled (0: never).
+    stall_timeout_s: float = 0.0
+    # Whether the worker's health checks gave the engine up: then an attempt silent for one
+    # check period has stalled too, before its first token as well.
+    engine_lost: Callable[[], bool] | None = None
+    lost_stall_s: float = 1.0
+    # Told when an attempt failed for the engine's fault (no connection, a broken or stalled
+    # stream, a 5xx): the worker takes no more work until a health check passes.
+    on_engine_failure: Callable[[], None] | None = None
+
+
+class StallWatch:
+    """Ends an attempt whose engine went silent without closing its connection (a hung engine
+    process, a wedged GPU): no output for ``stall_timeout_s`` after the first token, or for
+    ``lost_stall_s`` once the health checks gave the engine up. Checked by one timer per attempt,
+    not per token: the last output time is what the clock already records."""
+
+    def __init__(self, ctx: AttemptContext, clock: AttemptClock, limit: asyncio.Timeout) -> None:
+        self.ctx, self.clock, self.limit = ctx, clock, limit
+        self.fired_after: float | None = None
+        self.period = min(x for x in (ctx.stall_timeout_s or 1.0, ctx.lost_stall_s, 1.0) if x > 0)
+        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(self.period, self._check)
+
+    def _check(self) -> None:
+        c = self.clock
+        silent = time.monotonic() - (c.token_times[-1] if c.token_times else c.engine_start or time.monotonic())
+        lost = self.ctx.engine_lost is not None and self.ctx.engine_lost()
+        stalled = (lost and silent >= self.ctx.lost_stall_s) or (
+            self.ctx.stall_timeout_s > 0 and bool(c.token_times) and silent >= self.ctx.stall_timeout_s
+        )
+        if stalled:
+            self._timer = None
+            if not self.limit.expired():  # (the request's deadline may have fired first)
+                self.fired_after = silent
+                self.limit.reschedule(asyncio.get_running_loop().time())  # TimeoutError where the attempt waits
+        else:
+            self._timer = asyncio.get_running_loop().call_later(self.period, self._check)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 async def run_attempt(
@@ -199,6 +242,8 @@ async def run_attempt(
     except EngineRequestError as exc:
         outcome = "engine_error"
         error = engine_error_info(exc)
+        if rules.engine_failed(exc.status) and ctx.on_engine_failure is not None:
+            ctx.on_engine_failure()
     except TimeoutError:
         outcome = "engine_error"
         error = UpstreamTimeout("request deadline reached").to_info()
@@ -238,7 +283,7 @@ async def run_attempt(
                 error=error,
                 before_first_token=not clock.token_times,
                 # Nothing reached the client and the engine may be fine elsewhere: retry.
-                retryable=not clock.token_times and error.status in (0, 500, 502, 503, 504),
+                retryable=not clock.token_times and rules.engine_failed(error.status),
             ),
         )
     return AttemptResult(
@@ -258,32 +303,22 @@ async def run_attempt(
 async def _generate(
     ctx: AttemptContext, req: InferenceRequest, clock: AttemptClock, coalescer: Coalescer
 ) -> tuple[Usage, FinishReason]:
-    usage: Usage | None = None
-    finish: str | None = None
     remaining = req.deadline - time.time()
-    async with asyncio.timeout(max(0.0, remaining)):
-        clock.engine_start = coalescer.engine_start = time.monotonic()
-        stream = ctx.stream(req)
-        held = 0  # tokens of chunks without text yet (a partial character): they come with the next
-        try:
-            async for ev in stream:
-                if ev.text or ev.tool_calls:
-                    n, held = ev.tokens + held, 0
-                    clock.token_times.append(ev.at)
-                    clock.tokens += n
-                    coalescer.add(ev.text, ev.tool_calls, ev.at, n)
-                elif ev.engine_counted and ev.finish_reason is None:
-                    held += ev.tokens
-                if ev.engine_queue_s is not None:
-                    clock.engine_queue_s, clock.engine_queue_method = ev.engine_queue_s, "engine"
-                if ev.finish_reason:
-                    finish = ev.finish_reason
-                if ev.usage is not None:
-                    usage = ev.usage
-        finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
+    watch: StallWatch | None = None
+    try:
+        async with asyncio.timeout(max(0.0, remaining)) as limit:
+            clock.engine_start = coalescer.engine_start = time.monotonic()
+            if ctx.stall_timeout_s > 0 or ctx.engine_lost is not None:
+                watch = StallWatch(ctx, clock, limit)
+            usage, finish = await _relay(ctx, req, clock, coalescer)
+    except TimeoutError:
+        if watch is None or watch.fired_after is None:
+            raise  # the request's deadline
+        # The engine failed, not the request: the gateway continues the stream elsewhere.
+        raise EngineRequestError(504, f"engine stalled: no output for {watch.fired_after:.1f}s") from None
+    finally:
+        if watch is not None:
+            watch.stop()
     if clock.engine_queue_s is None and ctx.engine_queue_estimate is not None:
         # The engine does not say how long this request queued inside it (vLLM's and SGLang's
         # OpenAI servers do not): take its mean queue time over the last heartbeat window.
@@ -295,6 +330,36 @@ async def _generate(
         usage = Usage(completion_tokens=clock.tokens, total_tokens=clock.tokens)
     reason = cast(FinishReason, finish if finish in FINISH_REASONS else "stop")
     return usage, reason
+
+
+async def _relay(
+    ctx: AttemptContext, req: InferenceRequest, clock: AttemptClock, coalescer: Coalescer
+) -> tuple[Usage | None, str | None]:
+    """The engine's stream into the coalescer; its usage and finish reason when it sent them."""
+    usage: Usage | None = None
+    finish: str | None = None
+    stream = ctx.stream(req)
+    held = 0  # tokens of chunks without text yet (a partial character): they come with the next
+    try:
+        async for ev in stream:
+            if ev.text or ev.tool_calls:
+                n, held = ev.tokens + held, 0
+                clock.token_times.append(ev.at)
+                clock.tokens += n
+                coalescer.add(ev.text, ev.tool_calls, ev.at, n)
+            elif ev.engine_counted and ev.finish_reason is None:
+                held += ev.tokens
+            if ev.engine_queue_s is not None:
+                clock.engine_queue_s, clock.engine_queue_method = ev.engine_queue_s, "engine"
+            if ev.finish_reason:
+                finish = ev.finish_reason
+            if ev.usage is not None:
+                usage = ev.usage
+    finally:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    return usage, finish
 
 
 def _publish(ctx: AttemptContext, req: InferenceRequest, message: StreamStarted | StreamEnd | StreamError) -> None:

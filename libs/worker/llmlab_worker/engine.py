@@ -111,12 +111,27 @@ class _LoadWindow:
         return None if prev is None else max(0.0, values[name] - prev)
 
 
+def continued_chat(req: InferenceRequest) -> list[dict[str, Any]]:
+    """A resumed chat's messages: the conversation, then what the client has received as a final
+    assistant message for the engine to continue (not to answer)."""
+    assert req.resume is not None
+    return [*(req.messages or []), {"role": "assistant", "content": req.resume.text}]
+
+
+def continued_prompt(req: InferenceRequest) -> str:
+    """A resumed completion's prompt: the prompt, then what the client has received."""
+    return (req.prompt or "") + (req.resume.text if req.resume is not None else "")
+
+
 class OpenAIEngineAdapter:
     """Base adapter; subclasses set ``engine``, ``metric_names`` and may override hooks."""
 
     engine: ClassVar[str] = "openai"
     metric_names: ClassVar[MetricNames]
     health_path: ClassVar[str] = "/health"
+    # What asks the engine to continue a chat's final assistant message instead of answering it
+    # (mid-stream failover): vLLM's chat-template options; None where the engine has no way.
+    continue_fields: ClassVar[dict[str, Any] | None] = {"continue_final_message": True, "add_generation_prompt": False}
 
     def __init__(self, base_url: str, max_concurrency: int, connect_timeout_s: float = 5.0) -> None:
         self.base_url = base_url.rstrip("/")
@@ -205,9 +220,15 @@ class OpenAIEngineAdapter:
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
         if req.endpoint == "chat":
-            body["messages"] = req.messages
+            if req.resume is not None:
+                if self.continue_fields is None:
+                    raise EngineRequestError(400, f"{self.engine} cannot continue a partial answer")
+                body["messages"] = continued_chat(req)
+                body.update(self.continue_fields)
+            else:
+                body["messages"] = req.messages
         else:
-            body["prompt"] = req.prompt
+            body["prompt"] = continued_prompt(req) if req.resume is not None else req.prompt
         body.update(req.params.model_dump(exclude_none=True))
         return body
 

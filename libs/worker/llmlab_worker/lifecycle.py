@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +29,7 @@ from llmlab_common.messages import (
 )
 from llmlab_common.metrics import ITL_BUCKETS, LATENCY_BUCKETS, TOKEN_BUCKETS, Metrics
 from llmlab_common.natsio import connect_as, ensure_streams
-from llmlab_common.subjects import Topology, attempt_event_msg_id
+from llmlab_common.subjects import PRIORITY_LEVELS, Topology, attempt_event_msg_id
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -44,6 +46,12 @@ from llmlab_worker.settings import WorkerSettings
 log = logging.getLogger(__name__)
 
 CANCEL_MEMORY_S = 600.0  # remember cancels of not-yet-pulled attempts this long
+SERVICE_WINDOW = 64  # the heartbeat's mean service time is over the last this many attempts
+# Messages a queue pulled without reserved slots may hold here waiting for one: the worker's own
+# queue of priority 0 up to 4 (at most a sixteenth of the slots), a higher priority's up to 16
+# (a quarter). Heartbeats count them with the worker's own queue.
+PREFETCH = 4
+PREFETCH_HIGH = 16
 
 
 class EngineLoadCollector:
@@ -195,15 +203,22 @@ class Worker:
         self.capacity = Capacity(settings.max_concurrency)
         self.running: dict[tuple[str, int], _Running] = {}
         self.cancelled: dict[tuple[str, int | None], float] = {}
+        self.started_wall = 0.0  # wall clock at start(): older messages were sent to a predecessor
         self.engine_ready = False
         self.draining = False
         self._feeders: list[PullFeeder] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
         self._engine_failures = 0
         self._outbox = Outbox(
             settings.publish_batch_ms / 1000.0, self.topo.batch_subject_for if settings.gateway_batches else None
         )
         self._load = EngineLoad()
+        # Admission's inputs for the heartbeat: how long attempts held a slot lately, and how many
+        # wait in the pool's queue (read with the engine's load, once per heartbeat interval).
+        self._service_s: deque[float] = deque(maxlen=SERVICE_WINDOW)
+        self._queued_by_priority: list[int] | None = None
+        self._addressed_by_priority: list[int] | None = None
         self.instance_id = secrets.token_hex(6)  # this process's life under worker_id
         self._attempt_ctx = AttemptContext(
             worker_id=settings.worker_id,
@@ -213,6 +228,10 @@ class Worker:
             publish=self.publish_nowait,
             stream=adapter.stream,
             engine_queue_estimate=lambda: self._load.mean_queue_time_s,
+            stall_timeout_s=settings.engine_stall_timeout_s,
+            engine_lost=lambda: not self.engine_ready,
+            on_engine_failure=self._engine_failed,
+            lost_stall_s=settings.heartbeat_interval_s,
         )
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -221,6 +240,7 @@ class Worker:
 
     async def start(self) -> None:
         s = self.settings
+        self.started_wall = time.time()
         await self.adapter.start()
         self.nc = await connect_as(s.infra, f"worker-{s.worker_id}", metrics=self.metrics)
         self.js = self.nc.jetstream()
@@ -233,43 +253,67 @@ class Worker:
             "max_ack_pending": -1,
             "max_waiting": 512,
         }
-        pool_consumer = self.topo.pool_consumer(s.pool)
-        worker_consumer = self.topo.worker_consumer(s.worker_id)
-        await self.js.add_consumer(
-            self.topo.requests_stream,
-            ConsumerConfig(durable_name=pool_consumer, filter_subject=self.topo.pool_subject(s.pool), **common),
-        )
-        await self.js.add_consumer(
-            self.topo.requests_stream,
-            ConsumerConfig(
-                durable_name=worker_consumer,
-                filter_subject=self.topo.worker_subject(s.pool, s.worker_id),
-                inactive_threshold=s.worker_consumer_inactive_s,
-                **common,
-            ),
-        )
+        levels = range(PRIORITY_LEVELS)
+        # One queue per plan priority, in the pool and in this worker's own (attempts the router
+        # addressed to it). Priority 0 of the pool is pulled with reserved slots; every other queue
+        # up to `prefetch` messages at a time, each of which then waits for a slot at its level
+        # (Capacity): higher priorities first, and a worker's own queue just ahead of the pool's
+        # of the same priority. Prefetched, the next one is at hand when a slot frees (one at a
+        # time, a lower waiter took every slot that freed during the next pull's round trip).
+        for p in levels:
+            await self.js.add_consumer(
+                self.topo.requests_stream,
+                ConsumerConfig(
+                    durable_name=self.topo.pool_consumer(s.pool, p),
+                    filter_subject=self.topo.pool_subject(s.pool, p),
+                    **common,
+                ),
+            )
+            await self.js.add_consumer(
+                self.topo.requests_stream,
+                ConsumerConfig(
+                    durable_name=self.topo.worker_consumer(s.worker_id, p),
+                    filter_subject=self.topo.worker_subject(s.pool, s.worker_id, p),
+                    inactive_threshold=s.worker_consumer_inactive_s,
+                    **common,
+                ),
+            )
         await self.nc.subscribe(self.topo.cancel_subject, cb=self._on_cancel)
         self._tasks.append(asyncio.create_task(self._outbox.run(self.nc), name="outbox"))
+
+        nc = self.nc
+
+        def unreserved(consumer: str, level: int) -> PullFeeder:
+            # Priority 0's own queue holds little (other workers may be free for its messages);
+            # a higher priority's queue is short and what it holds must be at hand.
+            prefetch = (
+                min(PREFETCH, s.max_concurrency // 16) if level < 2 else min(PREFETCH_HIGH, s.max_concurrency // 4)
+            )
+            f = PullFeeder(
+                nc,
+                self.topo.requests_stream,
+                consumer,
+                self.capacity,
+                functools.partial(self._on_request, level=level),
+                max_batch=max(1, prefetch),
+                expires_s=s.pull_expires_s,
+                reserve_slots=False,
+            )
+            self.capacity.watch_held(level, f.held)
+            return f
+
         self._feeders = [
             PullFeeder(
                 self.nc,
                 self.topo.requests_stream,
-                pool_consumer,
+                self.topo.pool_consumer(s.pool),
                 self.capacity,
-                self._on_request,
+                functools.partial(self._on_request, level=0),
                 max_batch=min(256, s.max_concurrency),
                 expires_s=s.pull_expires_s,
             ),
-            PullFeeder(
-                self.nc,
-                self.topo.requests_stream,
-                worker_consumer,
-                self.capacity,
-                self._on_request,
-                max_batch=1,
-                expires_s=s.pull_expires_s,
-                reserve_slots=False,
-            ),
+            *(unreserved(self.topo.worker_consumer(s.worker_id, p), 2 * p + 1) for p in levels),
+            *(unreserved(self.topo.pool_consumer(s.pool, p), 2 * p) for p in levels if p > 0),
         ]
         # Do not pull before the engine is known healthy.
         await self._check_engine()
@@ -278,6 +322,7 @@ class Worker:
                 f.gate.clear()
             await f.start()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="heartbeat"))
+        self._tasks.append(asyncio.create_task(self._engine_loop(), name="engine-watch"))
         log.info(
             "worker %s up: pool=%s engine=%s at %s, models=%s, concurrency=%d",
             s.worker_id,
@@ -352,31 +397,38 @@ class Worker:
             log.warning("malformed cancel message dropped")
             return
         self.cancelled[(c.request_id, c.attempt)] = time.monotonic() + CANCEL_MEMORY_S
+        hit = 0
         for key, r in list(self.running.items()):
             if key[0] == c.request_id and (c.attempt is None or key[1] == c.attempt) and r.task:
                 r.cancel_reason = c.reason
                 r.task.cancel()
+                hit += 1
+        if hit:
+            log.info("cancel (%s) of %d running attempt(s)", c.reason, hit, extra={"request_id": c.request_id})
 
     def _is_cancelled(self, req: InferenceRequest) -> bool:
         return (req.request_id, req.attempt) in self.cancelled or (req.request_id, None) in self.cancelled
 
     # -- taking work -----------------------------------------------------------------------
-    async def _on_request(self, msg: Msg, held_slot: bool) -> None:
+    async def _on_request(self, msg: Msg, held_slot: bool, level: int = 0) -> None:
+        """One request message from a queue whose slot level is ``level`` (``2 × priority`` for the
+        pool's, ``2 × priority + 1`` for this worker's own; see :class:`~llmlab_worker.pull.Capacity`)."""
         if self.draining or not self.engine_ready:
             # Someone else can run it now: hand it back without waiting for ack_wait.
             await msg.nak()
             if held_slot:
                 await self.capacity.release(1)
             return
-        if not held_slot and not self.capacity.try_take() and not self._pool_feeder().steal_reserved():
-            # Busy: wait for the next free slot, ahead of the pool feeder.
-            await self.capacity.take_up_to(1, priority=True)
         try:
             req = InferenceRequest.model_validate_json(msg.data)
         except ValidationError as exc:
             await self._dead_letter(msg, str(exc))
-            await self.capacity.release(1)
+            if held_slot:
+                await self.capacity.release(1)
             return
+        if not held_slot and not self.capacity.try_take(level) and not self._pool_feeder().steal_reserved():
+            # Busy: wait for the next free slot, ahead of the pool feeder and of lower levels.
+            await self.capacity.take_up_to(1, level=level)
         if not self._reply_subject_ok(req):
             # The worker publishes whatever the request names: only its gateway's token subject
             # for it may be named, never a subject of another role or another request.
@@ -421,6 +473,7 @@ class Worker:
     async def _run(self, run: _Running) -> None:
         req, msg = run.req, run.msg
         token = request_id_var.set(req.request_id)
+        t0 = time.monotonic()
         try:
             result = await run_attempt(
                 self._attempt_ctx,
@@ -428,11 +481,15 @@ class Worker:
                 taken_wall=time.time(),
                 taken_at=time.monotonic(),
                 cancelled=self._is_cancelled(req),
-                redelivered=msg.metadata.num_delivered > 1,
+                # Delivered before, or sent before this process started (a restarted worker of the same
+                # id reads its predecessor's queue, whose gateway may have declared it lost and moved
+                # on): either may be stale, so its gateway is asked first.
+                redelivered=msg.metadata.num_delivered > 1 or req.dispatched_at < self.started_wall,
                 still_wanted=lambda: self._still_wanted(req),
             )
             if result.started:
                 self.m.nats_queue.observe(result.nats_queue_s)
+                self._service_s.append(time.monotonic() - t0)
             self.m.nats_msgs.inc(result.token_messages)
             await self._finish(run, result)
         finally:
@@ -471,6 +528,7 @@ class Worker:
             route=req.route,
             created_at=req.created_at,
             ended_at=result.ended_wall or time.time(),
+            resumed_tokens=req.resume.tokens if req.resume is not None else 0,
         )
         if run.cancel_reason:
             log.info("attempt %d cancelled: %s", req.attempt, run.cancel_reason)
@@ -490,17 +548,30 @@ class Worker:
             self._engine_failures = 0
         else:
             self._engine_failures += 1
-        was = self.engine_ready
-        self.engine_ready = ok or (was and self._engine_failures < self.settings.engine_fail_threshold)
-        self.m.engine_ready.set(1 if self.engine_ready else 0)
-        if was != self.engine_ready:
-            log.warning("engine %s", "ready" if self.engine_ready else "LOST: stopped pulling, reporting unready")
+        await self._set_engine_ready(
+            ok or (self.engine_ready and self._engine_failures < self.settings.engine_fail_threshold)
+        )
+
+    async def _set_engine_ready(self, ready: bool) -> None:
+        was, self.engine_ready = self.engine_ready, ready
+        self.m.engine_ready.set(1 if ready else 0)
+        if was != ready:
+            log.warning("engine %s", "ready" if ready else "LOST: stopped pulling, reporting unready")
             for f in self._feeders:
-                if self.engine_ready and not self.draining:
+                if ready and not self.draining:
                     f.gate.set()
-                else:
-                    f.gate.clear()
+                elif not self.draining:  # draining: stop_pulling and close_after_pull own the feeders
+                    await f.pause()
             await self._publish_heartbeat()  # tell gateways now, not at the next tick
+
+    def _engine_failed(self) -> None:
+        """An attempt failed for its engine's fault (connection lost, stream stalled, a 5xx): take
+        no more work until a health check passes, so that the stream's continuation, or its retry,
+        is taken by another worker rather than this one's broken engine."""
+        self._engine_failures = max(self._engine_failures, self.settings.engine_fail_threshold)
+        task = asyncio.create_task(self._set_engine_ready(False), name="engine-failed")
+        self._background.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self._background.discard)
 
     async def _publish_heartbeat(self) -> None:
         if self.nc is None or not self.nc.is_connected:
@@ -518,6 +589,9 @@ class Worker:
             sent_at=time.time(),
             load=self._load,
             instance_id=self.instance_id,
+            queued_by_priority=self._queued_by_priority,
+            addressed_by_priority=self._addressed_by_priority,
+            mean_service_s=sum(self._service_s) / len(self._service_s) if self._service_s else None,
         )
         await self.nc.publish(
             self.topo.heartbeat_subject(self.settings.pool, self.settings.worker_id), hb.model_dump_json().encode()
@@ -532,15 +606,38 @@ class Worker:
             except Exception as exc:
                 log.debug("engine metrics unavailable: %s", exc)
         self.m.engine.update(self._load)
+        if self.js is not None:
+            pool, topo = self.settings.pool, self.topo
+            wid, levels = self.settings.worker_id, range(PRIORITY_LEVELS)
+            counts = await asyncio.gather(
+                *(self._pending(topo.pool_consumer(pool, p)) for p in levels),
+                *(self._pending(topo.worker_consumer(wid, p)) for p in levels),
+            )
+            self._queued_by_priority = _known(counts[:PRIORITY_LEVELS])
+            addressed = _known(counts[PRIORITY_LEVELS:])
+            if addressed is not None:  # and what this worker holds, waiting for a slot
+                for level, n in self.capacity.waiting_by_level().items():
+                    addressed[level // 2] += n
+            self._addressed_by_priority = addressed
+
+    async def _pending(self, consumer: str) -> int | None:
+        """Messages waiting in one of this worker's consumers; None (unknown, not 0: admission then
+        does not guess) when JetStream does not answer."""
+        assert self.js is not None
+        try:
+            return (await self.js.consumer_info(self.topo.requests_stream, consumer, timeout=1)).num_pending
+        except Exception as exc:
+            log.debug("queue length of %s unavailable: %s", consumer, exc)
+            return None
 
     async def _heartbeat_loop(self) -> None:
+        """Heartbeats on their own schedule, with the last known load: a hung engine (each health
+        check and load poll waiting out its timeout) must not delay them, or gateways would take
+        this worker for lost and move its streams although only its engine stalled."""
         interval = self.settings.heartbeat_interval_s
         while True:
             try:
-                # Heartbeat first, with the last known load: a slow engine poll must not delay it.
                 await self._publish_heartbeat()
-                await self._check_engine()
-                await self._refresh_load()
                 await self._keep_alive_running()
                 now = time.monotonic()
                 for key, expiry in list(self.cancelled.items()):
@@ -552,6 +649,19 @@ class Worker:
                 log.exception("heartbeat loop error")
             await asyncio.sleep(interval)
 
+    async def _engine_loop(self) -> None:
+        """Health checks and load polls of the engine, one heartbeat interval apart."""
+        interval = self.settings.heartbeat_interval_s
+        while True:
+            try:
+                await self._check_engine()
+                await self._refresh_load()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("engine check error")
+            await asyncio.sleep(interval)
+
     async def _keep_alive_running(self) -> None:
         """In-progress acks so JetStream does not redeliver a long generation."""
         now = time.monotonic()
@@ -560,3 +670,9 @@ class Worker:
                 r.last_progress = now
                 with contextlib.suppress(Exception):
                     await r.msg.in_progress()
+
+
+def _known(counts: Sequence[int | None]) -> list[int] | None:
+    """Pending counts per priority, or None (unknown, not 0: admission then does not guess) when
+    JetStream did not answer for one of them."""
+    return None if any(n is None for n in counts) else [n or 0 for n in counts]

@@ -25,33 +25,63 @@ log = logging.getLogger(__name__)
 class Capacity:
     """Free slots of a worker, shared by its feeders and its running attempts.
 
-    Priority takers (messages addressed to this very worker) go before the pool feeder: while one
-    waits, the pool feeder may not reserve the slot it needs.
+    A message that arrived without a reserved slot waits for one at a ``level``; when a slot
+    frees, the highest level waiting takes it, and the pool feeder (which reserves slots for its
+    plain pull, ``level`` None) only reserves what no waiter needs. The worker's levels:
+    ``2 × priority`` for a plan priority's pool queue, ``2 × priority + 1`` for a message addressed
+    to this very worker (ahead of the pool's of its own priority, never of a higher one).
     """
 
     def __init__(self, slots: int) -> None:
         self.total = slots
         self.free = slots
-        self.priority_waiting = 0
+        self._waiting: dict[int, int] = {}  # level -> messages waiting for a slot
+        self._held: list[tuple[int, Callable[[], int]]] = []  # level, count of prefetched messages
         self._cond = asyncio.Condition()
 
-    async def take_up_to(self, n: int, priority: bool = False) -> int:
+    @property
+    def priority_waiting(self) -> int:
+        return sum(self._waiting.values())
+
+    def watch_held(self, level: int, count: Callable[[], int]) -> None:
+        """A queue of ``level`` prefetches: ``count()`` is how many of its messages arrived and
+        have not asked for a slot yet. They go before lower levels as much as the waiting ones do
+        (else a lower waiter takes every slot that frees before the next one asks)."""
+        self._held.append((level, count))
+
+    def waiting_by_level(self) -> dict[int, int]:
+        """Messages here that wait for a slot or will (prefetched), per level."""
+        out = dict(self._waiting)
+        for lv, count in self._held:
+            out[lv] = out.get(lv, 0) + count()
+        return out
+
+    def _ahead(self, level: int | None) -> int:
+        """Messages that go before a taker at ``level`` (None: the pool feeder, after all of them)."""
+        return sum(n for lv, n in self.waiting_by_level().items() if level is None or lv > level)
+
+    async def take_up_to(self, n: int, level: int | None = None) -> int:
+        """Take up to ``n`` free slots (at least one, waiting for it): the pool feeder's reservation
+        (``level`` None), or one message's slot at its level."""
         async with self._cond:
-            if priority:
-                self.priority_waiting += 1
+            if level is not None:
+                self._waiting[level] = self._waiting.get(level, 0) + 1
                 try:
-                    await self._cond.wait_for(lambda: self.free > 0)
+                    await self._cond.wait_for(lambda: self.free - self._ahead(level) > 0)
                 finally:
-                    self.priority_waiting -= 1
-                k = min(n, self.free)
+                    self._waiting[level] -= 1
+                    if not self._waiting[level]:
+                        del self._waiting[level]
             else:
-                await self._cond.wait_for(lambda: self.free - self.priority_waiting > 0)
-                k = min(n, self.free - self.priority_waiting)
+                await self._cond.wait_for(lambda: self.free - self._ahead(None) > 0)
+            k = min(n, self.free - self._ahead(level))
             self.free -= k
+            if level is not None:
+                self._cond.notify_all()  # a lower waiter may now be first in line
             return k
 
-    def try_take(self) -> bool:
-        if self.free - self.priority_waiting > 0:
+    def try_take(self, level: int | None = None) -> bool:
+        if self.free - self._ahead(level) > 0:
             self.free -= 1
             return True
         return False
@@ -67,9 +97,9 @@ class Capacity:
 class PullFeeder(InboxPull):
     """One consumer's lingering pull, refilled as capacity frees.
 
-    ``reserve_slots`` False (the per-worker consumer): pull one message at a time without
-    reserving; the handler finds a slot itself (see :meth:`steal_reserved`), so at most one
-    targeted message waits here.
+    ``reserve_slots`` False (the priority queues and the per-worker ones): pull up to ``max_batch``
+    messages without reserving; the handler finds each a slot itself, one after the other (see
+    :meth:`steal_reserved`), so at most ``max_batch`` messages of the queue wait here.
     """
 
     def __init__(
@@ -113,6 +143,16 @@ class PullFeeder(InboxPull):
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
+    async def pause(self) -> None:
+        """Take nothing more until the gate opens again, the outstanding pull included. Left open,
+        it would keep delivering what this worker can only NAK, and the server redelivers a NAKed
+        message to the first pull in line, often this one again: three deliveries (max_deliver)
+        and the message was gone, unanswered (a stream's continuation, seen by the chaos suite)."""
+        self.gate.clear()
+        await self.renew_inbox()
+        self._open_left = 0
+        self._done.set()  # the loop's pull has ended: it returns the unfilled slots and waits at the gate
+
     async def close_after_pull(self, timeout: float) -> None:
         """Wait (up to ``timeout``) for the outstanding pull to end, then stop listening, so no
         message is delivered to a dead inbox and left to wait out its ack_wait."""
@@ -125,7 +165,7 @@ class PullFeeder(InboxPull):
     async def _loop(self) -> None:
         while not self._stopping:
             await self.gate.wait()
-            k = await self.capacity.take_up_to(self.max_batch) if self.reserve_slots else 1
+            k = await self.capacity.take_up_to(self.max_batch) if self.reserve_slots else self.max_batch
             self._remaining = self._open_left = k
             self._done.clear()
             try:
@@ -144,6 +184,10 @@ class PullFeeder(InboxPull):
                 if self.reserve_slots and self._remaining > 0:
                     await self.capacity.release(self._remaining)
                 self._remaining = 0
+
+    def held(self) -> int:
+        """Messages delivered to this feeder that its handler has not taken up yet."""
+        return self._sub.pending_msgs if self._sub is not None else 0
 
     def steal_reserved(self) -> bool:
         """Hand one slot reserved by this feeder's outstanding pull to someone else (a targeted

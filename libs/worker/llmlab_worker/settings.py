@@ -50,4 +50,9 @@ class WorkerSettings(ScalableSettings):
     gateway_batches: bool = True
     engine_connect_timeout_s: float = 5.0
     engine_fail_threshold: int = Field(default=3, ge=1)  # failed health checks before unready
+    # An engine that sends nothing for this long after an attempt's first token has stalled: the
+    # attempt fails (the gateway continues the stream on another worker). Once the health checks
+    # gave the engine up, one heartbeat interval of silence is enough, before the first token too.
+    # 0: never (the request's deadline still ends it).
+    engine_stall_timeout_s: float = Field(default=30.0, ge=0)
     alive_probe_timeout_s: float = 1.0

@@ -196,6 +196,49 @@ async def test_engine_errors_are_retryable_only_before_the_first_token_and_if_no
     assert [e.outcome for e in js.events] == ["engine_error"] and run.msg.acks == 1  # type: ignore[attr-defined]
 
 
+async def _stalled(script: list[Any], **ctx: Any) -> tuple[Worker, list[Any], FakeJS, float]:
+    w, sent, js = _worker(script)
+    w._attempt_ctx = dataclasses.replace(w._attempt_ctx, **({"engine_lost": lambda: False} | ctx))
+    t0 = time.monotonic()
+    run = await _run(w, _req())
+    assert run.task is not None
+    await asyncio.wait_for(run.task, 5)
+    return w, sent, js, time.monotonic() - t0
+
+
+async def test_an_engine_silent_after_its_first_token_fails_the_attempt_so_the_gateway_resumes_it() -> None:
+    """Catches: a stream left hanging until the request's deadline by an engine that stalls
+    without closing its connection (a hung engine process); a stall reported as the client's
+    error or as retryable (tokens were delivered: only a continuation may follow), or the
+    engine stream left open."""
+    w, sent, js, took = await _stalled(["a", "b", 30.0, "never"], stall_timeout_s=0.3)
+    end = sent[-1]
+    assert _kinds(sent) == ["StreamStarted", "TokenChunk", "TokenChunk", "StreamError"]
+    assert end.error.status == 502 and "stalled" in end.error.message and not end.retryable
+    assert [(e.outcome, e.usage.completion_tokens if e.usage else None) for e in js.events] == [("engine_error", 2)]
+    assert 0.3 <= took < 2.0 and w.adapter.closed  # type: ignore[attr-defined]
+
+
+async def test_a_slow_engine_that_keeps_sending_is_not_a_stall() -> None:
+    """Catches: the stall bound applied to the whole attempt instead of the silence between tokens."""
+    usage = Usage(prompt_tokens=1, completion_tokens=5, total_tokens=6)
+    done = EngineEvent(at=time.monotonic(), finish_reason="stop", usage=usage)
+    script: list[Any] = [x for t in "abcde" for x in (0.15, t)] + [done]
+    _, sent, js, took = await _stalled(script, stall_timeout_s=0.3)
+    assert isinstance(sent[-1], StreamEnd) and [e.outcome for e in js.events] == ["completed"] and took > 0.6
+
+
+async def test_once_the_engine_is_given_up_a_silent_attempt_fails_before_its_first_token_too() -> None:
+    """Catches: attempts queued inside a hung engine waiting for the gateway's first-token bound
+    (minutes) although the worker's health checks already gave that engine up."""
+    _, sent, js, took = await _stalled(
+        [30.0, "never"], stall_timeout_s=60.0, engine_lost=lambda: True, lost_stall_s=0.2
+    )
+    end = sent[-1]
+    assert isinstance(end, StreamError) and end.before_first_token and end.retryable
+    assert [e.outcome for e in js.events] == ["engine_error"] and took < 2.0
+
+
 @pytest.mark.parametrize(
     ("why", "outcome"),
     [("cancelled", "cancelled"), ("expired", "expired")],

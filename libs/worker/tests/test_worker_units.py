@@ -5,7 +5,7 @@ import json
 import time
 
 import pytest
-from llmlab_common.messages import InferenceRequest, SamplingParams, TokenChunk
+from llmlab_common.messages import InferenceRequest, Resume, SamplingParams, TokenChunk
 from llmlab_common.stats import quantile
 from llmlab_worker.attempt import Coalescer
 from llmlab_worker.engine import OpenAIEngineAdapter
@@ -136,6 +136,26 @@ def _req() -> InferenceRequest:
     )
 
 
+def test_a_resumed_attempt_asks_the_engine_to_continue_the_delivered_text() -> None:
+    hi = [{"role": "user", "content": "hi"}]
+    req = _req().model_copy(update={"messages": hi, "resume": Resume(from_attempt=1, text="Hello the", tokens=2)})
+    vllm = VllmAdapter("http://e", 1).build_body(req)
+    # The delivered text as a final assistant message, continued rather than answered (vLLM's
+    # chat-template options; SGLang has only continue_final_message and adds no generation prompt).
+    assert vllm["messages"] == [*hi, {"role": "assistant", "content": "Hello the"}]
+    assert vllm["continue_final_message"] is True and vllm["add_generation_prompt"] is False
+    sglang = SglangAdapter("http://e", 1).build_body(req)
+    assert sglang["messages"] == vllm["messages"] and sglang["continue_final_message"] is True
+    assert "add_generation_prompt" not in sglang
+    assert req.messages == hi  # the request itself is left as the gateway sent it
+    # Completions: the prompt, then what the client received.
+    comp = req.model_copy(update={"endpoint": "completions", "messages": None, "prompt": "Once upon"})
+    assert VllmAdapter("http://e", 1).build_body(comp)["prompt"] == "Once uponHello the"
+    # Not resumed: the conversation as it is, no template options.
+    plain = VllmAdapter("http://e", 1).build_body(_req().model_copy(update={"messages": hi}))
+    assert plain["messages"] == hi and "continue_final_message" not in plain
+
+
 async def test_coalescer_sends_sparse_tokens_at_once_and_bursts_together() -> None:
     w = _FakeWorker()
     c = Coalescer(_req(), w.publish_nowait, window=0.05)
@@ -157,13 +177,68 @@ async def test_priority_takers_go_before_the_pool_feeder() -> None:
     cap = Capacity(2)
     assert await cap.take_up_to(5) == 2  # the pool feeder reserves everything
     assert not cap.try_take()
-    targeted = asyncio.create_task(cap.take_up_to(1, priority=True))
+    targeted = asyncio.create_task(cap.take_up_to(1, level=1))
     pool = asyncio.create_task(cap.take_up_to(5))
     await asyncio.sleep(0)
     await cap.release(1)
     await asyncio.sleep(0.01)
     assert targeted.done() and targeted.result() == 1
     assert not pool.done()  # the pool waits for the next slot
+    await cap.release(1)
+    assert await asyncio.wait_for(pool, 1) == 1
+
+
+async def test_a_freed_slot_goes_to_the_highest_level_waiting() -> None:
+    """Catches: plan priority that does not decide who gets a saturated worker's next slot."""
+    from llmlab_worker.pull import Capacity
+
+    cap = Capacity(1)
+    assert cap.try_take()
+    order: list[str] = []
+
+    async def take(name: str, level: int | None) -> None:
+        await cap.take_up_to(1, level=level)
+        order.append(name)
+
+    tasks = [
+        asyncio.create_task(take(name, level))
+        for name, level in [("pool", None), ("free", 0), ("enterprise", 4), ("pro", 2), ("pro-addressed", 3)]
+    ]
+    await asyncio.sleep(0.01)
+    assert not cap.try_take(level=4) and cap.priority_waiting == 4
+    for _ in tasks:
+        await cap.release(1)
+        await asyncio.sleep(0.01)
+    assert order == ["enterprise", "pro-addressed", "pro", "free", "pool"]
+    # A lower waiter does not take a slot while a higher one waits for it.
+    await cap.release(1)  # the pool feeder's
+    assert cap.try_take()
+    high = asyncio.create_task(cap.take_up_to(1, level=2))
+    await asyncio.sleep(0.01)
+    assert not cap.try_take(level=1) and cap.try_take(level=3) is False
+    await cap.release(1)
+    assert await asyncio.wait_for(high, 1) == 1
+
+
+async def test_prefetched_messages_keep_their_place_before_lower_levels() -> None:
+    """Catches: a lower waiter (or the pool feeder) taking every slot that frees while a prefetched
+    higher-priority message has not asked for one yet."""
+    from llmlab_worker.pull import Capacity
+
+    cap = Capacity(2)
+    assert cap.try_take() and cap.try_take()
+    held = [2]  # two priority-1 messages prefetched, not yet at the handler
+    cap.watch_held(2, lambda: held[0])
+    assert cap.waiting_by_level() == {2: 2}
+    low = asyncio.create_task(cap.take_up_to(1, level=0))
+    pool = asyncio.create_task(cap.take_up_to(5))
+    await cap.release(2)
+    await asyncio.sleep(0.01)
+    assert not low.done() and not pool.done()  # both freed slots stay for the held ones
+    assert cap.try_take(level=2) and cap.try_take(level=2)
+    held[0] = 0
+    await cap.release(1)
+    assert await asyncio.wait_for(low, 1) == 1
     await cap.release(1)
     assert await asyncio.wait_for(pool, 1) == 1
 

@@ -27,6 +27,7 @@ StatusClass = Literal[
     "client_error",  # 4xx other than the ones below
     "refused_budget",  # the budget refused: quota, rate, concurrency or input-size limit
     "shed_budget",  # the budget service shed load (429 overloaded): no verdict on the tenant
+    "shed_admission",  # the gateway refused at once: the predicted wait for a worker was over the bound
     "auth",  # 401/403
     "dropped",  # a redelivered attempt nobody waited for: no work done
 ]
@@ -93,6 +94,8 @@ class AttemptRow(TypedDict):
     first_dispatch_offset_s: float | None
     intake_s: float | None
     finish_s: float | None
+    resumed_tokens: int  # a stream's continuation: output delivered before it, which it bills
+    carried_tokens: int  # an interrupted attempt: output it delivered, which a later attempt bills
     input_usd_per_mtok: float
     output_usd_per_mtok: float
     cached_input_usd_per_mtok: float | None
@@ -148,6 +151,8 @@ def error_class(err: ErrorInfo) -> StatusClass:
         return "refused_budget"
     if rules.is_budget_shedding(err):
         return "shed_budget"
+    if err.code == Code.QUEUE_WAIT_PREDICTED:
+        return "shed_admission"
     if err.status in (408, 504) or err.code in (Code.QUEUE_TIMEOUT, Code.TIMEOUT):
         return "timeout"
     if err.status == 499:
@@ -339,6 +344,8 @@ def attempt_columns(evs: Sequence[AttemptEvent], catalog: Catalog, now: float | 
         "first_dispatch_offset_s": [t.first_dispatch_offset_s if t else None for t in ts],
         "intake_s": [t.intake_s if t else None for t in ts],
         "finish_s": [t.finish_s if t else None for t in ts],
+        "resumed_tokens": [e.resumed_tokens for e in evs],
+        "carried_tokens": [e.carried_tokens for e in evs],
         "input_usd_per_mtok": [c.input_usd_per_mtok for c in cs],
         "output_usd_per_mtok": [c.output_usd_per_mtok for c in cs],
         "cached_input_usd_per_mtok": [c.cached_input_usd_per_mtok for c in cs],

@@ -64,6 +64,8 @@ CREATE TABLE IF NOT EXISTS attempts_raw
     first_dispatch_offset_s Nullable(Float64),-- gateway: accepted → the first attempt published
     intake_s Nullable(Float64),               -- worker: took it → engine call sent
     finish_s Nullable(Float64),               -- worker: last token → terminal message
+    resumed_tokens UInt32 DEFAULT 0,          -- a stream's continuation: tokens delivered before it, billed here
+    carried_tokens UInt32 DEFAULT 0,          -- an interrupted attempt: tokens it delivered, billed by a later one
     input_usd_per_mtok Float64,
     output_usd_per_mtok Float64,
     cached_input_usd_per_mtok Nullable(Float64),
@@ -90,6 +92,8 @@ ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS prep_s Nullable(Float64) AFTER
 ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS first_dispatch_offset_s Nullable(Float64) AFTER prep_s;
 ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS intake_s Nullable(Float64) AFTER first_dispatch_offset_s;
 ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS finish_s Nullable(Float64) AFTER intake_s;
+ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS resumed_tokens UInt32 DEFAULT 0 AFTER finish_s;
+ALTER TABLE attempts_raw ADD COLUMN IF NOT EXISTS carried_tokens UInt32 DEFAULT 0 AFTER resumed_tokens;
 
 CREATE TABLE IF NOT EXISTS requests_raw
 (
@@ -181,15 +185,18 @@ ORDER BY (period_start, worker_id);
 -- One row per (request_id, attempt). Precedence: the worker's row of an attempt that ran (it has
 -- the engine's usage and timings), else the gateway's, else a worker's drop. Billing comes from
 -- whichever row the budget charges (the worker's completed event, or the gateway's
--- client-disconnect cancel). Views are replaced at every start, tables are never altered.
+-- client-disconnect cancel or its completed event for a stream it ended at its last allowed
+-- token), and so does how the attempt ended (outcome, status, finish, error): the worker of such a
+-- stream reports the engine's failure, the client got a whole answer. Views are replaced at every
+-- start, tables are never altered.
 CREATE OR REPLACE VIEW attempts AS
 SELECT
     p.request_id AS request_id,
     p.attempt AS attempt,
     p.source AS source,
     b.b_events AS events,
-    p.outcome AS outcome,
-    p.status_class AS status_class,
+    if(b.b_billing = 1, b.b_end.1, p.outcome) AS outcome,
+    if(b.b_billing = 1, b.b_end.2, p.status_class) AS status_class,
     p.created_at AS created_at,
     p.started_at AS started_at,
     p.ended_at AS ended_at,
@@ -207,10 +214,10 @@ SELECT
     p.gpu_count AS gpu_count,
     p.worker_id AS worker_id,
     p.endpoint AS endpoint,
-    p.finish_reason AS finish_reason,
-    p.error_status AS error_status,
-    p.error_type AS error_type,
-    p.error_code AS error_code,
+    if(b.b_billing = 1, b.b_end.3, p.finish_reason) AS finish_reason,
+    if(b.b_billing = 1, b.b_end.4, p.error_status) AS error_status,
+    if(b.b_billing = 1, b.b_end.5, p.error_type) AS error_type,
+    if(b.b_billing = 1, b.b_end.6, p.error_code) AS error_code,
     p.route_policy AS route_policy,
     p.route_reason AS route_reason,
     p.route_position AS route_position,
@@ -220,11 +227,17 @@ SELECT
     b.b_prompt AS prompt_tokens,
     p.cached_tokens AS cached_tokens,
     b.b_completion AS completion_tokens,
-    b.b_billing AS is_billing,
-    toUInt32(if(b.b_billing = 1, if(b.b_billed_in < 0, b.b_prompt, b.b_billed_in), 0)) AS billed_input_tokens,
-    toUInt32(if(b.b_billing = 1, b.b_billed_out, 0)) AS billed_output_tokens,
-    toUInt32(if(b.b_billing = 1, 0, b.b_prompt)) AS burnt_input_tokens,
-    toUInt32(greatest(toInt64(b.b_completion) - toInt64(billed_output_tokens), 0)) AS burnt_output_tokens,
+    -- A request pays for its highest billing attempt (llmlab_common.rules.charge_for, as the budget
+    -- settles): an earlier attempt the gateway gave up whose worker still completed it bills nothing.
+    toUInt8(b.b_billing = 1 AND b.attempt = b.b_last_billing) AS is_billing,
+    toUInt32(if(is_billing = 1, if(b.b_billed_in < 0, b.b_prompt, b.b_billed_in), 0)) AS billed_input_tokens,
+    toUInt32(if(is_billing = 1, b.b_billed_out, 0)) AS billed_output_tokens,
+    -- A resumed stream's continuation bills the original input and every delivered token: the
+    -- delivered text it processed again as prompt is burnt; the tokens an interrupted attempt
+    -- delivered (carried) are billed by its continuation, not burnt.
+    toUInt32(greatest(toInt64(b.b_prompt) - toInt64(billed_input_tokens), 0)) AS burnt_input_tokens,
+    toUInt32(greatest(toInt64(b.b_completion) + toInt64(b.b_resumed) - toInt64(billed_output_tokens)
+        - toInt64(b.b_carried), 0)) AS burnt_output_tokens,
     billed_input_tokens + billed_output_tokens AS billed_tokens,
     burnt_input_tokens + burnt_output_tokens AS burnt_tokens,
     p.nats_queue_s AS nats_queue_s,
@@ -275,9 +288,15 @@ INNER JOIN
         -- -1: the billing event did not carry the input tokens (the budget charged its estimate)
         argMax(ifNull(toInt64(billed_input_tokens), -1), (is_billing, source = 'worker')) AS b_billed_in,
         argMax(billed_output_tokens, (is_billing, source = 'worker')) AS b_billed_out,
+        -- how the billing row says the attempt ended (a tuple: argMax would skip a NULL error)
+        argMax((outcome, status_class, finish_reason, error_status, error_type, error_code),
+            (is_billing, source = 'worker')) AS b_end,
         -- engine token counts: the worker's (the gateway's rows carry delivered tokens only)
         toUInt32(if(countIf(source = 'worker') > 0, maxIf(prompt_tokens, source = 'worker'), max(prompt_tokens))) AS b_prompt,
-        toUInt32(if(countIf(source = 'worker') > 0, maxIf(completion_tokens, source = 'worker'), max(completion_tokens))) AS b_completion
+        toUInt32(if(countIf(source = 'worker') > 0, maxIf(completion_tokens, source = 'worker'), max(completion_tokens))) AS b_completion,
+        max(resumed_tokens) AS b_resumed,
+        max(carried_tokens) AS b_carried,
+        max(if(b_billing = 1, attempt, 0)) OVER (PARTITION BY request_id) AS b_last_billing
     FROM attempts_raw FINAL
     GROUP BY request_id, attempt
 ) AS b ON p.request_id = b.request_id AND p.attempt = b.attempt;

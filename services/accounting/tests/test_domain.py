@@ -80,6 +80,8 @@ def test_status_classes() -> None:
     assert error_class(ErrorInfo(status=429, type="rate_limit_error", code="queue_timeout", message="")) == "timeout"
     # The budget shedding load is neither a verdict on the tenant nor a queue timeout.
     assert error_class(ErrorInfo(status=429, type="rate_limit_error", code="overloaded", message="")) == "shed_budget"
+    predicted = ErrorInfo(status=429, type="rate_limit_error", code="queue_wait_predicted", message="")
+    assert error_class(predicted) == "shed_admission"
     assert error_class(ErrorInfo(status=401, type="authentication_error", message="")) == "auth"
     # An address refused for its authentication failures is an auth refusal, not a queue timeout.
     refused_address = ErrorInfo(

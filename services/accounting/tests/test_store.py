@@ -21,7 +21,7 @@ from llmlab_accounting.ports import ATTEMPTS_TABLE, REQUESTS_TABLE
 from llmlab_accounting.service import AccountingService, Batch
 from llmlab_accounting.store import ClickHouseStore, StoreLocked, StoreProcess
 from llmlab_common.catalog import Catalog
-from llmlab_common.messages import AttemptEvent, RequestEvent
+from llmlab_common.messages import AttemptEvent, RequestEvent, Usage
 from llmlab_common.metrics import Metrics
 
 pytestmark = pytest.mark.integration
@@ -58,6 +58,17 @@ def test_redelivered_events_count_once_and_views_pick_one_row_per_attempt(
         attempt_factory("r2", 1, "cancelled", "gateway", prompt=0, completion=5, error_code="client_disconnected"),
         attempt_factory("r2", 1, "cancelled", "worker", prompt=30, completion=9),
         attempt_factory("r4", 1, "engine_error", prompt=30, completion=9),  # failed on the engine: all burnt
+        # The engine failed after the last allowed token: the gateway ended the stream at length
+        # and its completed event bills what the client received (the prompt: its estimate).
+        attempt_factory("r5", 1, "engine_error", prompt=30, completion=8),
+        attempt_factory(
+            "r5",
+            1,
+            "completed",
+            "gateway",
+            finish_reason="length",
+            usage=Usage(prompt_tokens=7, completion_tokens=8, total_tokens=15),
+        ),
     ]
     refusals = [refusal_factory("r3")]
     copies = 3  # the same events decoded and inserted three times: a crash between insert and ack, twice
@@ -75,7 +86,7 @@ def test_redelivered_events_count_once_and_views_pick_one_row_per_attempt(
     assert (n, uniq) == (len(events), len(events)) and latest.timestamp() == pytest.approx(1_800_000_000.0 + copies - 1)
     assert store.scalar(f"SELECT count() FROM {REQUESTS_TABLE} FINAL") == len(refusals)
     # ...and the views one per (request_id, attempt): r2's attempt 1 has two sources.
-    assert store.query("SELECT count() FROM attempts").rows == [[4]]
+    assert store.query("SELECT count() FROM attempts").rows == [[5]]
     by_key = {
         (r[0], r[1]): tuple(r[2:])
         for r in store.query(
@@ -106,13 +117,42 @@ def test_redelivered_events_count_once_and_views_pick_one_row_per_attempt(
         "r2": (1, "cancelled", 499, 35, "llama-8b-vllm"),
         "r3": (0, "refused_budget", 429, 0, ""),
         "r4": (1, "server_error", 0, 0, "llama-8b-vllm"),
+        "r5": (1, "ok", 200, 7 + 8, "llama-8b-vllm"),  # how the billing row ended, not the worker's error
     }
+    # The attempt keeps the worker's row (the engine's counts and timings) and the billing row's end.
+    ended = "SELECT source, outcome, finish_reason, error_code, burnt_tokens FROM attempts WHERE request_id = 'r5'"
+    assert store.query(ended).rows == [["worker", "completed", "length", None, 30 - 7]]
     # A merge (forced here) collapses the raw duplicates to exactly what FINAL showed.
     for table in (ATTEMPTS_TABLE, REQUESTS_TABLE):
         store.client.command(f"ALTER TABLE {table} RESET SETTING max_bytes_to_merge_at_max_space_in_pool")
         store.client.command(f"OPTIMIZE TABLE {table} FINAL")
     assert store.scalar(f"SELECT count() FROM {ATTEMPTS_TABLE}") == len(events)
     assert store.scalar(f"SELECT count() FROM {REQUESTS_TABLE}") == len(refusals)
+
+
+def test_a_given_up_attempt_that_still_completed_bills_nothing_its_continuation_bills_once(
+    store: ClickHouseStore, catalog: Catalog, attempt_factory: Callable[..., AttemptEvent]
+) -> None:
+    """Catches: a request billed twice when the gateway gave up an attempt (its worker cut off by
+    a NATS outage) and continued the stream elsewhere while that worker still completed and
+    reported it: the request pays for its highest billing attempt, as the budget settles it. By
+    hand: 15 prompt tokens; 34 tokens reached the client from attempt 1, 6 more from attempt 2
+    (whose engine prompt was 15 + 34); attempt 1's engine generated 40."""
+    svc = AccountingService(store, catalog, AccountingMetrics(Metrics("t")))
+    events = [
+        attempt_factory("r5", 1, "completed", prompt=15, completion=40),
+        attempt_factory("r5", 1, "worker_lost", "gateway", carried_tokens=34),
+        attempt_factory("r5", 2, "completed", prompt=49, completion=6, resumed_tokens=34),
+    ]
+    svc.insert(Batch.of([attempt_row(e, catalog, 1_800_000_000.0) for e in events], []))
+    rows = store.query(
+        "SELECT attempt, is_billing, billed_input_tokens, billed_output_tokens, burnt_tokens FROM attempts "
+        "ORDER BY attempt"
+    ).rows
+    # attempt 1: 15 input and the 6 tokens generated after the gateway gave it up are burnt
+    # (its 34 delivered ones are billed by attempt 2); attempt 2: the 34 re-read as prompt.
+    assert rows == [[1, 0, 0, 0, 15 + 6], [2, 1, 15, 40, 34]]
+    assert store.query("SELECT billed_tokens, burnt_tokens FROM requests").rows == [[55, 55]]
 
 
 def test_queries_are_read_only(store: ClickHouseStore) -> None:

@@ -138,15 +138,27 @@ class Ledger:
         output_tokens: int = 0,
         now: float,
         tombstone: bool = False,
+        attempt: int = 0,
     ) -> Closed:
         """Settle (charge the given tokens, -1 input = the reserved estimate) or release (charge
         nothing). Idempotent: only the first close of a reservation changes anything (a settle
-        after a release is charged once, ``late``). ``tombstone``: a release that finds no
-        reservation leaves a closed record, so a reserve arriving after it takes nothing."""
+        after a release is charged once, ``late``), except a settle of a later ``attempt`` of the
+        request, whose charge replaces the earlier one (``resettled``; ``charged`` is then the
+        difference). ``tombstone``: a release that finds no reservation leaves a closed record, so
+        a reserve arriving after it takes nothing."""
         r = await self._settles.submit(
             (
                 [self.layout.reservation(request_id), self.layout.reservation_expiry],
-                [request_id, state, input_tokens, output_tokens, repr(now), self.settled_ttl_s, int(tombstone)],
+                [
+                    request_id,
+                    state,
+                    input_tokens,
+                    output_tokens,
+                    repr(now),
+                    self.settled_ttl_s,
+                    int(tombstone),
+                    attempt,
+                ],
             )
         )
         return Closed(_s(r[0]), int(r[1]), int(r[2]))

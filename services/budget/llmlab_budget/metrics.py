@@ -17,7 +17,7 @@ class BudgetMetrics:
         self.settlements = m.counter(
             "budget_settlements_total",
             "Settlement events by result (settled, released, late = settled after its release, dup = already "
-            "closed, missing = no reservation)",
+            "closed, resettled = a later attempt's charge replaced an earlier one's, missing = no reservation)",
             ("result",),
         )
         self.settle_lag = m.histogram("budget_settlement_lag_seconds", "Request end (event time) to settled in Redis")

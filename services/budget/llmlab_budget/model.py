@@ -73,8 +73,9 @@ class Reservation:
 @dataclass(frozen=True, slots=True)
 class Closed:
     """What settling or releasing a reservation did: ``ok`` (closed now), ``late`` (a settle
-    after the reservation was released, by the reaper or a failure event: charged now), ``dup``
-    (already closed: nothing changed) or ``missing`` (no such reservation)."""
+    after the reservation was released, by the reaper or a failure event: charged now),
+    ``resettled`` (a later attempt's settle replaced the charge: ``charged`` is the difference),
+    ``dup`` (already closed: nothing changed) or ``missing`` (no such reservation)."""
 
     status: str
     charged: int = 0

@@ -63,6 +63,7 @@ class LedgerPort(Protocol):
         output_tokens: int = 0,
         now: float,
         tombstone: bool = False,
+        attempt: int = 0,
     ) -> Closed: ...
 
     async def reap(self, limit: int = REAP_BATCH) -> list[str]: ...
@@ -246,7 +247,7 @@ class BudgetService:
             return None
         # -1: the ledger charges the input the reservation estimated.
         inp = charge.input_tokens if charge.input_tokens is not None else -1
-        return await self._close(ev.request_id, "settled", inp, charge.output_tokens, ev.ended_at)
+        return await self._close(ev.request_id, "settled", inp, charge.output_tokens, ev.ended_at, attempt=ev.attempt)
 
     async def settle_request(self, ev: RequestEvent) -> Closed:
         """A request that was refused or failed as a whole pays nothing. One the gateway gave up
@@ -263,12 +264,20 @@ class BudgetService:
         out: int,
         ended_at: float,
         tombstone: bool = False,
+        attempt: int = 0,
     ) -> Closed:
         closed = await self.ledger.close(
-            request_id, state, input_tokens=inp, output_tokens=out, now=self.clock(), tombstone=tombstone
+            request_id,
+            state,
+            input_tokens=inp,
+            output_tokens=out,
+            now=self.clock(),
+            tombstone=tombstone,
+            attempt=attempt,
         )
         self.m.settlements.labels(closed.status if closed.status != "ok" else state).inc()
-        if closed.status == "late":  # settled after its release: charged, nothing reserved
+        if closed.status == "late" or (closed.status == "resettled" and closed.charged > 0):
+            # Settled after its release (charged, nothing reserved), or a later attempt's larger charge.
             self.m.charged_tokens.inc(closed.charged)
         if closed.status == "ok":
             self.m.settle_lag.observe(max(0.0, time.time() - ended_at))

@@ -83,6 +83,30 @@ async def test_settlement_is_idempotent(redis_layout):
     assert await day_used(redis, layout) == {"reserved": 0, "used": 150}
 
 
+async def test_a_later_attempt_s_charge_replaces_an_earlier_one_in_either_order(redis_layout):
+    """Catches: a request charged twice, or for the wrong attempt, when an attempt the gateway gave
+    up (its worker cut off by a NATS outage, say) still completed and reported while a later
+    attempt answered the client: the request pays for its highest billing attempt, whichever
+    event settles first; and the same attempt's event again changes nothing."""
+    redis, layout = redis_layout
+    ledger = await setup(redis, layout)
+    await reserve(ledger, "r1", limits(daily_tokens=10_000))
+    first = await ledger.close("r1", "settled", input_tokens=10, output_tokens=40, now=NOW, attempt=1)
+    assert (first.status, first.charged) == ("ok", 50)
+    later = await ledger.close("r1", "settled", input_tokens=10, output_tokens=30, now=NOW, attempt=2)
+    assert (later.status, later.charged) == ("resettled", -10)
+    assert await day_used(redis, layout) == {"reserved": 0, "used": 40}
+    for attempt in (2, 1):  # the same attempt again, or the earlier one late: nothing changes
+        again = await ledger.close("r1", "settled", input_tokens=10, output_tokens=40, now=NOW, attempt=attempt)
+        assert again.status == "dup"
+    assert await day_used(redis, layout) == {"reserved": 0, "used": 40}
+    # The later attempt's event first: the earlier one's, arriving after, charges nothing.
+    await reserve(ledger, "r2", limits(daily_tokens=10_000))
+    assert (await ledger.close("r2", "settled", input_tokens=10, output_tokens=30, now=NOW, attempt=2)).status == "ok"
+    assert (await ledger.close("r2", "settled", input_tokens=10, output_tokens=40, now=NOW, attempt=1)).status == "dup"
+    assert await day_used(redis, layout) == {"reserved": 0, "used": 80}
+
+
 async def test_reserve_is_idempotent_per_request_id(redis_layout):
     redis, layout = redis_layout
     ledger = await setup(redis, layout)

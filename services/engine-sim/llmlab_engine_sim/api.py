@@ -348,7 +348,7 @@ def create_app(settings: SimSettings | None = None, *, clock: Clock | None = Non
         if not engine.healthy:
             return _error(ApiError(503, "the engine is not serving (starting or draining)"))
         try:
-            parsed = protocol.parse_generation(endpoint, raw, settings.model, settings.max_model_len)
+            parsed = protocol.parse_generation(endpoint, raw, settings.model, settings.max_model_len, settings.flavor)
         except ApiError as e:
             return _error(e)
         req = engine.new_request(parsed)

@@ -85,15 +85,23 @@ class SimEngine:
     def plan(self, parsed: ParsedRequest) -> OutputPlan:
         """What the request generates. Natural length ``output_len`` (raised to ``min_tokens``),
         ending "stop"; a smaller limit (``max_tokens``, or the context left) ends it "length";
+        a continuation of the simulator's own text (``continue_final_message``) is the rest of it;
         ``ignore_eos`` generates up to the limit; a stop string ends it early with "stop"."""
         s = self.settings
         limit = parsed.max_tokens if parsed.max_tokens is not None else s.max_model_len - parsed.prompt_tokens
+        seed = textgen.text_seed(s.seed, parsed.prompt_key, parsed.seed)
+        done = 0  # tokens of the answer already out (continue_final_message of our own output)
+        if parsed.continue_text is not None:
+            k = textgen.count_text_tokens(parsed.continue_text)
+            if "".join(textgen.generate_tokens(k, seed)) == parsed.continue_text:
+                done = k
         if parsed.ignore_eos:
             n, reason = limit, "length"
         else:
-            natural = max(s.output_len, parsed.min_tokens)
+            # A continuation ends where the whole answer would have (at least one more token).
+            natural = max(max(s.output_len, parsed.min_tokens) - done, 1)
             n, reason = (limit, "length") if limit < natural else (natural, "stop")
-        tokens = textgen.generate_tokens(n, textgen.text_seed(s.seed, parsed.prompt_key, parsed.seed))
+        tokens = textgen.generate_tokens(done + n, seed)[done:]
         if parsed.stop:
             pieces, stopped = textgen.apply_stop(tokens, parsed.stop)
             if stopped:

@@ -59,6 +59,10 @@ class ParsedRequest:
     ignore_eos: bool = False
     min_tokens: int = 0
     priority: int = 0
+    # continue_final_message: the final assistant message's text, which the output continues
+    # (``prompt_key`` is then the conversation before it, so a continuation of the simulator's
+    # own output goes on exactly as the uninterrupted answer would have).
+    continue_text: str | None = None
 
 
 def load_json_object(raw: bytes) -> dict[str, Any]:
@@ -121,17 +125,42 @@ def _completion_prompt(body: dict[str, Any]) -> tuple[int, bytes]:
     raise bad_request("prompt must be a string or a list of token ids", "prompt")
 
 
-def _chat_prompt(body: dict[str, Any]) -> tuple[int, bytes]:
+def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list", "messages")
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad_request("each message must be an object with a string role", "messages")
+    return messages
+
+
+def _chat_prompt(body: dict[str, Any]) -> tuple[int, bytes]:
+    messages = _chat_messages(body)
     return textgen.count_chat_tokens(messages), textgen.prompt_key(messages)
 
 
-def parse_generation(endpoint: Endpoint, raw: bytes, served_model: str, max_model_len: int) -> ParsedRequest:
+def _continued_chat_prompt(body: dict[str, Any], flavor: str) -> tuple[int, bytes, str]:
+    """``continue_final_message``: the final assistant message is rendered open (the assistant
+    header, then its text, no end), so the prompt is the conversation before it plus its text."""
+    messages = _chat_messages(body)
+    generation_prompt = body.get("add_generation_prompt", flavor == "vllm")  # SGLang has no such field
+    if not isinstance(generation_prompt, bool):
+        raise bad_request("add_generation_prompt must be a boolean", "add_generation_prompt")
+    if generation_prompt and flavor == "vllm":
+        raise bad_request(
+            "Cannot set both `add_generation_prompt` and `continue_final_message` to True.", "continue_final_message"
+        )
+    final = messages[-1]
+    if final.get("role") != "assistant":
+        raise bad_request("continue_final_message needs a final assistant message to continue", "messages")
+    head, text = messages[:-1], textgen.message_text(final)
+    return textgen.count_chat_tokens(head) + textgen.count_text_tokens(text), textgen.prompt_key(head), text
+
+
+def parse_generation(
+    endpoint: Endpoint, raw: bytes, served_model: str, max_model_len: int, flavor: str = "vllm"
+) -> ParsedRequest:
     """Validate a /v1/chat/completions or /v1/completions body; raises :class:`ApiError`."""
     body = load_json_object(raw)
     model = body.get("model")
@@ -142,7 +171,11 @@ def parse_generation(endpoint: Endpoint, raw: bytes, served_model: str, max_mode
     elif model != served_model:
         raise ApiError(404, f"The model `{model}` does not exist.", param="model")
 
-    prompt_tokens, key = _chat_prompt(body) if endpoint == "chat" else _completion_prompt(body)
+    continue_text = None
+    if endpoint == "chat" and _opt_bool(body, "continue_final_message"):
+        prompt_tokens, key, continue_text = _continued_chat_prompt(body, flavor)
+    else:
+        prompt_tokens, key = _chat_prompt(body) if endpoint == "chat" else _completion_prompt(body)
 
     max_tokens = _opt_int(body, "max_tokens", 1)
     if endpoint == "chat":
@@ -190,6 +223,7 @@ def parse_generation(endpoint: Endpoint, raw: bytes, served_model: str, max_mode
         ignore_eos=_opt_bool(body, "ignore_eos"),
         min_tokens=_opt_int(body, "min_tokens", 0) or 0,
         priority=_opt_int(body, "priority") or 0,
+        continue_text=continue_text,
     )
 
 

@@ -169,6 +169,36 @@ async def test_chat_non_streaming_length_and_determinism(flavor: str) -> None:
 
 
 @flavors
+async def test_continue_final_message_goes_on_with_the_rest_of_the_answer(flavor: str) -> None:
+    # As vLLM's and SGLang's continue_final_message: the final assistant message is continued,
+    # not answered. Continuing the simulator's own partial answer gives exactly the rest of it.
+    cont = {"continue_final_message": True} | ({"add_generation_prompt": False} if flavor == "vllm" else {})
+    async with running_sim(flavor=flavor, output_len=8) as base:
+        oai = client(base)
+        full = await oai.chat.completions.create(model=MODEL, messages=MESSAGES)
+        whole = full.choices[0].message.content or ""
+        head = "".join(" " + w for w in whole.split()[:3])  # the first 3 tokens (each " word")
+        assert whole.startswith(head)
+        partial = [*MESSAGES, {"role": "assistant", "content": head}]
+        rest = await oai.chat.completions.create(model=MODEL, messages=partial, max_tokens=10, extra_body=cont)
+        # Only a final assistant message can be continued; vLLM refuses a generation prompt with it.
+        with pytest.raises(openai.BadRequestError):
+            await oai.chat.completions.create(model=MODEL, messages=MESSAGES, extra_body=cont)
+        if flavor == "vllm":
+            with pytest.raises(openai.BadRequestError, match="add_generation_prompt"):
+                await oai.chat.completions.create(
+                    model=MODEL, messages=partial, extra_body={"continue_final_message": True}
+                )
+        await oai.close()
+    assert head + (rest.choices[0].message.content or "") == whole
+    assert rest.choices[0].finish_reason == "stop"  # where the uninterrupted answer stopped
+    assert rest.usage is not None and full.usage is not None
+    assert rest.usage.completion_tokens == 8 - 3
+    # The prompt: the conversation, then the open final message's text (no end, no new header).
+    assert rest.usage.prompt_tokens == full.usage.prompt_tokens + 3
+
+
+@flavors
 async def test_completions_stream_matches_non_stream(flavor: str) -> None:
     async with running_sim(flavor=flavor) as base:
         oai = client(base)

@@ -31,7 +31,7 @@ from llmlab_gateway.dispatch import NatsDispatcher
 from llmlab_gateway.metrics import GatewayMetrics
 from llmlab_gateway.routes import fast_routes
 from llmlab_gateway.routes import router as openai_routes
-from llmlab_gateway.routing import EmbeddedRouter, RemoteRouter
+from llmlab_gateway.routing import EmbeddedRouter, RemoteRouter, SharedRouter
 from llmlab_gateway.service import CompletionService, Router
 from llmlab_gateway.settings import GatewaySettings
 from llmlab_gateway.sse import RawSendApp
@@ -69,21 +69,27 @@ def create_app(settings: GatewaySettings) -> RawSendApp:
             )
             await dispatcher.start()
             stack.push_async_callback(dispatcher.stop)
-            feed = LiveFeed(nc, js, topo, live, heartbeats=False)  # the dispatcher feeds heartbeats
+            own_commits = topo.router_commit_subject(settings.gateway_id)
+            shared = settings.router == "shared"
+            # The dispatcher feeds heartbeats; in shared mode the other gateways' decisions come too.
+            feed = LiveFeed(nc, js, topo, live, heartbeats=False, commits_except=own_commits if shared else None)
             await feed.start()
             stack.push_async_callback(feed.stop)
             dlog_path = settings.decision_log_path()
             dlog = DecisionLog(dlog_path) if dlog_path is not None else None
             if dlog is not None:
                 stack.callback(dlog.close)
-            embedded = EmbeddedRouter(RouterCore(holder, live, dlog))
-            router: Router = (
-                embedded
-                if settings.router == "embedded"
-                else RemoteRouter(
+            core = RouterCore(holder, live, dlog)
+            embedded = EmbeddedRouter(core)
+            router: Router
+            if settings.router == "embedded":
+                router = embedded
+            elif shared:
+                router = SharedRouter(core, nc, own_commits)
+            else:
+                router = RemoteRouter(
                     nc, topo, settings.router_timeout_s, embedded, gm.router_degraded, settings.admission_batch_max
                 )
-            )
             reloader = asyncio.create_task(
                 watch_catalog(holder, settings.catalog_reload_interval_s), name="catalog-reload"
             )

@@ -33,7 +33,13 @@ from llmlab_common.messages import (
 )
 from llmlab_common.metrics import Metrics
 from llmlab_common.natsio import TOKEN_SUB_PENDING_BYTES, TOKEN_SUB_PENDING_MSGS
-from llmlab_common.subjects import Topology, attempt_event_msg_id, attempt_msg_id, request_event_msg_id
+from llmlab_common.subjects import (
+    PRIORITY_LEVELS,
+    Topology,
+    attempt_event_msg_id,
+    attempt_msg_id,
+    request_event_msg_id,
+)
 from llmlab_routing.feed import parse_heartbeat
 from llmlab_routing.state import LiveState
 from nats.aio.client import Client as NATS
@@ -57,7 +63,7 @@ class _Inflight:
     lost_reported: bool = False
     done: bool = False
     last_msg_at: float = field(default_factory=time.monotonic)
-    queued: Any = None  # the queued-attempts gauge child while no worker has taken it yet
+    queued: _Queue | None = None  # its queue's count while no worker has taken it yet
     # While the request's reader waits on a sweeper-enforced timeout: when it expires (monotonic).
     deadline: float = math.inf
 
@@ -66,10 +72,28 @@ class _Inflight:
 _EXPIRED: Any = object()
 
 
+class _Queue:
+    """Attempts this gateway published to one (pool, priority) that no worker has taken yet: the
+    gauge, and the count admission adds to the heartbeats' (which lag by up to an interval)."""
+
+    __slots__ = ("gauge", "n")
+
+    def __init__(self, gauge: Any) -> None:
+        self.gauge, self.n = gauge, 0
+
+    def add(self) -> None:
+        self.n += 1
+        self.gauge.inc()
+
+    def take(self) -> None:
+        self.n -= 1
+        self.gauge.dec()
+
+
 def _taken(inf: _Inflight) -> None:
     """The attempt left the queue (a worker took it, or the gateway gave up on it): count it once."""
     if inf.queued is not None:
-        inf.queued.dec()
+        inf.queued.take()
         inf.queued = None
 
 
@@ -129,7 +153,8 @@ class NatsDispatcher:
         self.gateway_id = gateway_id
         self.registry = registry
         self.inflight: dict[str, _Inflight] = {}
-        self._started_at = time.monotonic()
+        self._started_at = time.monotonic()  # of the process, then of its last NATS reconnection
+        self._was_connected = True
         self._grace = discovery_grace_s
         self._sweep_interval = sweep_interval_s
         self._tasks: set[asyncio.Task[None]] = set()
@@ -142,6 +167,12 @@ class NatsDispatcher:
             "gateway_stale_messages_total", "Token messages dropped: unknown request or an old attempt"
         )
         self.workers_gauge = metrics.gauge("gateway_live_workers", "Ready workers seen by heartbeat", ("pool",))
+        self.wait_gauge = metrics.gauge(
+            "gateway_predicted_wait_seconds",
+            "Predicted wait for a worker of the pool, for a request of the plan priority sent now (admission's "
+            "input); NaN while unknown",
+            ("pool", "priority"),
+        )
         # JetStream's pending count (the router's gauge) cannot tell priorities apart: the subjects
         # are per pool. Each gateway knows the priority of what it published and no worker took yet.
         self._queued = metrics.gauge(
@@ -149,7 +180,7 @@ class NatsDispatcher:
             "Attempts this gateway published that no worker has taken yet, by pool and priority",
             ("pool", "priority"),
         )
-        self._queued_children: dict[tuple[str, int], Any] = {}
+        self._queues: dict[tuple[str, int], _Queue] = {}
         # The attempt table's size, set by the sweeper: it must come back to 0 when traffic stops
         # (an entry left behind by a refused request was a leak, and the sweeper walks them all).
         self._event_failures = metrics.counter(
@@ -183,11 +214,30 @@ class NatsDispatcher:
     def discovery_done(self) -> bool:
         return time.monotonic() - self._started_at >= self._grace
 
+    def _note_reconnection(self, now: float) -> None:
+        """Back from a NATS outage, this gateway heard no heartbeat while it was cut off and its
+        workers aged out: discovery starts again, so that a request routed to "no live worker"
+        waits for their next heartbeats instead of a 503 (the chaos suite's NATS restart)."""
+        connected = self.nc.is_connected
+        if connected and not self._was_connected:
+            self._started_at = now
+            log.info("reconnected to NATS: waiting %.1f s for the workers' heartbeats before a 503", self._grace)
+        self._was_connected = connected
+
     # -- Dispatcher protocol -------------------------------------------------------------------
     def live_workers(self, pool: str) -> int:
         return self.registry.live_ready(pool)
 
+    def predicted_wait(self, pool: str, priority: int = 0) -> float | None:
+        est = self.registry.predicted_wait(pool, priority, local_queued=self._queued_from(pool, priority))
+        return est.seconds if est is not None else None
+
+    def _queued_from(self, pool: str, priority: int) -> int:
+        """Attempts this gateway published to ``pool`` at ``priority`` or above that no worker took yet."""
+        return sum(q.n for (p, prio), q in self._queues.items() if p == pool and prio >= priority)
+
     async def wait_discovery(self) -> None:
+        self._note_reconnection(time.monotonic())  # the sweeper may not have seen it yet
         remaining = self._grace - (time.monotonic() - self._started_at)
         if remaining > 0:
             await asyncio.sleep(remaining)
@@ -201,9 +251,9 @@ class NatsDispatcher:
         self.inflight[req.request_id] = inf
         req.reply_subject = self.topo.token_subject(self.gateway_id, req.request_id)
         subject = (
-            self.topo.worker_subject(target.pool, target.worker_id)
+            self.topo.worker_subject(target.pool, target.worker_id, req.priority)
             if target.worker_id
-            else self.topo.pool_subject(target.pool)
+            else self.topo.pool_subject(target.pool, req.priority)
         )
         payload = req.model_dump_json(exclude_none=True).encode()
         if len(payload) > self.nc.max_payload:
@@ -213,12 +263,12 @@ class NatsDispatcher:
                 "(NATS max_payload)."
             )
         key = (req.pool, req.priority)
-        child = self._queued_children.get(key)
-        if child is None:
-            child = self._queued_children[key] = self._queued.labels(req.pool, str(req.priority))
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = _Queue(self._queued.labels(req.pool, str(req.priority)))
         if inf.next_seq == 0:  # not taken while we were registering it
-            inf.queued = child
-            child.inc()
+            inf.queued = queue
+            queue.add()
         try:
             await self.js.publish(
                 subject,
@@ -340,6 +390,7 @@ class NatsDispatcher:
         while True:
             await asyncio.sleep(self._sweep_interval)
             now = time.monotonic()
+            self._note_reconnection(now)
             for inf in list(self.inflight.values()):
                 if inf.deadline <= now and inf.queue.empty():
                     inf.queue.put_nowait(_EXPIRED)  # its reader's wait timed out
@@ -360,3 +411,6 @@ class NatsDispatcher:
     def _set_workers_gauge(self, now: float) -> None:
         for pool in {*self.registry.pools(), *self._configured_pools()}:
             self.workers_gauge.labels(pool).set(self.registry.live_ready(pool, now))
+            for p in range(PRIORITY_LEVELS):
+                est = self.registry.predicted_wait(pool, p, now, self._queued_from(pool, p))
+                self.wait_gauge.labels(pool, str(p)).set(est.seconds if est is not None else math.nan)

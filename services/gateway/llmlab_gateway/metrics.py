@@ -83,6 +83,11 @@ class GatewayMetrics:
         self._prompt = m.counter("gateway_prompt_tokens_total", "Prompt tokens of the answered requests", mp)
         self.in_flight = m.gauge("gateway_in_flight_requests", "Requests being served")
         self.attempts = m.counter("gateway_retries_total", "Attempts beyond the first", ("model",))
+        self.resumes = m.counter(
+            "gateway_stream_resumes_total",
+            "Streams continued on another target after their answering attempt failed mid-generation",
+            ("model", "status"),
+        )
         self.router_degraded = m.counter(
             "gateway_router_fallbacks_total",
             "Routes decided in the gateway because the router did not answer",

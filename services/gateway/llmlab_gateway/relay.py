@@ -151,6 +151,8 @@ class _Done:
     ) -> None:
         now = time.time()
         self.gm.request(self.endpoint, self.model, self.plan, status, code)
+        if opened.resumes:
+            self.gm.resumes.labels(self.model, str(status)).inc(opened.resumes)
         last = last_at if last_at is not None else now
         self.mp.finished(opened.end, self.first_at, last, now - ctx.created_at, code == OK)
 

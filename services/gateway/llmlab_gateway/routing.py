@@ -7,6 +7,10 @@
   request.
 * :class:`EmbeddedRouter` runs the same router core in the gateway's process (one hop less; each
   gateway then keeps its own view of pending work and prefix affinity).
+* :class:`SharedRouter` decides in the gateway too, and publishes each choice
+  (``<ns>.router.commit.<gateway>``, no answer awaited) so every gateway's and the router service's
+  view of pending work and prefix affinity holds the decisions of all of them
+  (:class:`~llmlab_routing.feed.LiveFeed` applies the others').
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import logging
 from collections.abc import Sequence
 
 from llmlab_common.coalesce import Coalescer
-from llmlab_common.messages import RouteBatch, RouteBatchReply, RouteQuery, RouteReply
+from llmlab_common.messages import RouteBatch, RouteBatchReply, RouteCommit, RouteQuery, RouteReply
 from llmlab_common.subjects import Topology
 from llmlab_routing.core import RouterCore
 from nats.aio.client import Client as NATS
@@ -33,6 +37,24 @@ class EmbeddedRouter:
 
     async def route(self, query: RouteQuery) -> RouteReply:
         return self.core.route(query)[0]
+
+
+class SharedRouter:
+    def __init__(self, core: RouterCore, nc: NATS, subject: str) -> None:
+        self.core, self.nc, self.subject = core, nc, subject
+
+    async def route(self, query: RouteQuery) -> RouteReply:
+        reply = self.core.route(query)[0]
+        if reply.targets:  # the first target is the one committed (what the core counted as pending)
+            t = reply.targets[0]
+            commit = RouteCommit(
+                deployment=t.deployment, worker_id=t.worker_id, prefix_hashes=query.prefix_hashes, policy=reply.policy
+            )
+            try:
+                await self.nc.publish(self.subject, commit.model_dump_json(exclude_defaults=True).encode())
+            except Exception as exc:  # NATS closed or its buffer full: the decision stands, the others miss it
+                log.warning("route commit not published (%s): other gateways will not count it", type(exc).__name__)
+        return reply
 
 
 class RemoteRouter:

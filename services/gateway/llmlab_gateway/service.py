@@ -8,10 +8,11 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
+from llmlab_common import rules
 from llmlab_common.catalog import Catalog, Deployment
 from llmlab_common.codes import Code
 from llmlab_common.errors import (
@@ -27,9 +28,11 @@ from llmlab_common.messages import (
     AttemptOutcome,
     Endpoint,
     ErrorInfo,
+    FinishReason,
     InferenceRequest,
     Principal,
     RequestEvent,
+    Resume,
     RouteInfo,
     RouteQuery,
     RouteReply,
@@ -38,6 +41,7 @@ from llmlab_common.messages import (
     StreamEnd,
     StreamError,
     StreamStarted,
+    Timings,
     TokenChunk,
     Usage,
 )
@@ -70,6 +74,8 @@ class StreamGap:
 
 
 AttemptMessage: TypeAlias = StreamStarted | TokenChunk | StreamEnd | StreamError | WorkerLost | StreamGap
+# What ended an answering attempt early: one of its messages, or None for silence past the idle timeout.
+Interruption: TypeAlias = StreamStarted | StreamError | WorkerLost | StreamGap | None
 
 
 class AttemptHandle(Protocol):
@@ -92,6 +98,10 @@ class Router(Protocol):
 
 class Dispatcher(Protocol):
     def live_workers(self, pool: str) -> int: ...
+
+    def predicted_wait(self, pool: str, priority: int = 0) -> float | None:
+        """Seconds a request of plan ``priority`` sent to ``pool`` now would wait for a worker; None: unknown."""
+        ...
 
     async def wait_discovery(self) -> None: ...
 
@@ -134,12 +144,18 @@ class CallContext:
     max_tokens: int | None = None
     hints: RouteHints = field(default_factory=RouteHints)
     prompt_hash: str | None = None  # set when the request is routed
+    prompt_tokens: int = 0  # the gateway's estimate, set when the request is routed
     # Admission steps (seconds): carried to the worker and into the accounting rows.
     parse_s: float | None = None  # accepted → admission started
     auth_s: float | None = None  # authenticate + reserve
     route_s: float | None = None  # the routing decision (set by CompletionService.open)
     routed_at: float | None = None  # wall clock: the routing decision made
     first_dispatched_at: float | None = None  # wall clock: the first attempt built and published
+
+
+# Continues an interrupted stream on another target: the next attempt's first message, or None
+# when it cannot (see CompletionService.resume).
+Resumer: TypeAlias = Callable[["OpenedStream", Interruption], Awaitable["TokenChunk | StreamEnd | None"]]
 
 
 @dataclass
@@ -151,11 +167,20 @@ class OpenedStream:
     handle: AttemptHandle
     first: TokenChunk | StreamEnd
     idle_timeout_s: float
+    req: InferenceRequest | None = None  # the answering attempt
     finished: bool = False
     end: StreamEnd | None = None
     attempts: int = 1
     delivered_tokens: int = 0  # tokens handed to the transport (what a cancelled request pays)
     route: RouteReply | None = None
+    # Mid-stream failover: what the client received (a continuation continues it), whether it
+    # held tool calls (not resumable), the tokens delivered before the answering attempt, and
+    # how many times the stream moved.
+    parts: list[str] = field(default_factory=list)
+    tool_calls_delivered: bool = False
+    resumed_tokens: int = 0
+    resumes: int = 0
+    resumer: Resumer | None = None
 
     async def __aiter__(self) -> AsyncIterator[TokenChunk | StreamEnd]:
         async for batch in self.batches():
@@ -168,26 +193,54 @@ class OpenedStream:
         msg: AttemptMessage | None = self.first
         while True:
             batch: list[TokenChunk | StreamEnd] = []
+            cut: Interruption = None
             while msg is not None:
                 if isinstance(msg, TokenChunk):
                     self.delivered_tokens += msg.token_count()
+                    self.parts.append(msg.text)
+                    if msg.tool_calls:
+                        self.tool_calls_delivered = True
                     batch.append(msg)
                 elif isinstance(msg, StreamEnd):
                     self.finished = True
+                    if self.resumed_tokens:  # the client's usage covers every attempt's tokens
+                        msg.usage = rules.resumed_usage(msg.usage, self.resumed_tokens)
                     self.end = msg
                     batch.append(msg)
                     yield batch
                     return
                 else:
-                    if batch:
-                        yield batch  # what arrived before the failure still reaches the client
-                    raise self._failure(msg)
+                    cut = msg
+                    break
                 msg = self.handle.next_nowait()
             if batch:
-                yield batch
-            msg = await self.handle.next(self.idle_timeout_s)
-            if msg is None:
-                raise UpstreamTimeout(f"no tokens for {self.idle_timeout_s:.0f}s; giving up on the stream")
+                yield batch  # what arrived before a failure still reaches the client
+            if cut is None:
+                msg = await self.handle.next(self.idle_timeout_s)
+                if msg is not None:
+                    continue
+            msg = await self._continue(cut)
+
+    async def _continue(self, cut: Interruption) -> TokenChunk | StreamEnd:
+        """The answering attempt failed (``cut``) or went silent (None): the next attempt's first
+        message when another target continues the stream, else the failure is raised."""
+        err = (
+            UpstreamTimeout(f"no tokens for {self.idle_timeout_s:.0f}s; giving up on the stream")
+            if cut is None
+            else self._failure(cut)
+        )
+        resumable = (
+            cut is None
+            or isinstance(cut, WorkerLost | StreamGap)
+            or (isinstance(cut, StreamError) and not cut.before_first_token and rules.engine_failed(cut.error.status))
+        )
+        if not resumable or self.resumer is None:
+            raise err
+        first = await self.resumer(self, cut)
+        if first is None:
+            raise err
+        self.finished = False
+        return first
 
     def _failure(self, msg: StreamStarted | StreamError | WorkerLost | StreamGap) -> LLMLabError:
         if isinstance(msg, StreamError):
@@ -195,7 +248,7 @@ class OpenedStream:
             return error_from_info(msg.error)
         if isinstance(msg, WorkerLost):
             return EngineError(
-                f"worker {msg.worker_id} was lost mid-generation; the partial answer cannot be resumed",
+                f"worker {msg.worker_id} was lost mid-generation and no other target continued the answer",
                 code=Code.WORKER_LOST,
             )
         if isinstance(msg, StreamGap):
@@ -308,6 +361,7 @@ class CompletionService:
         else:
             task = text = body.prompt_text()
         prompt = estimate_prompt(body)
+        ctx.prompt_tokens = prompt.total
         max_out = self._max_tokens(ctx)
         ctx.prompt_hash = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
         h = ctx.hints
@@ -366,8 +420,8 @@ class CompletionService:
         finally:
             ctx.route_s = time.perf_counter() - t0
             ctx.routed_at = time.time()
-        targets = reply.targets[: self.settings.max_attempts]
         queue_timeout = self._queue_timeout(ctx.principal)
+        targets = self._admit(ctx, reply.targets[: self.settings.max_attempts], queue_timeout)
         failures: list[str] = []
         previous: str | None = None
         attempt = 0
@@ -377,11 +431,7 @@ class CompletionService:
                 failures.append(f"{target.deployment}: not in this gateway's catalog")
                 continue
             attempt += 1
-            wait = queue_timeout
-            if attempt > 1 and target.worker_id is None and self.dispatcher.live_workers(target.pool) == 0:
-                # A fallback to a pool whose workers are gone: wait briefly for a replacement (a
-                # restart), then move on to the next target instead of sitting out the queue timeout.
-                wait = min(queue_timeout, self.settings.empty_pool_wait_s)
+            wait = self._fallback_wait(target, queue_timeout) if attempt > 1 else queue_timeout
             if attempt == 1:
                 # The decision log keeps every decision; an INFO line per request would cost the
                 # hot path a JSON log record each.
@@ -422,6 +472,43 @@ class CompletionService:
             code=Code.ALL_ROUTES_FAILED,
         )
 
+    def _fallback_wait(self, target: RouteTarget, queue_timeout: float) -> float:
+        """How long a fallback (or a stream's continuation) waits for a worker of ``target``: a
+        pool whose workers are gone gets a short wait for a replacement (a restart), then the next
+        target goes, instead of sitting out the queue timeout."""
+        if target.worker_id is None and self.dispatcher.live_workers(target.pool) == 0:
+            return min(queue_timeout, self.settings.empty_pool_wait_s)
+        return queue_timeout
+
+    def _admit(self, ctx: CallContext, targets: list[RouteTarget], bound: float) -> list[RouteTarget]:
+        """Admission by predicted wait (:mod:`llmlab_routing.admission`): the chain's targets whose
+        pool would take the request within ``bound`` (its SLO class's queue bound), or whose wait
+        is unknown. None left: 429 at once, with the shortest predicted wait as Retry-After, where
+        waiting would have ended in the same 429 after ``bound`` seconds."""
+        if not self.settings.admission or not targets:
+            return targets
+        kept: list[RouteTarget] = []
+        shortest = float("inf")
+        plan = self.catalog.plans.get(ctx.principal.plan)
+        priority = plan.priority if plan else 0
+        waits: dict[str, float | None] = {}  # one prediction per pool of the chain
+        for t in targets:
+            if t.pool not in waits:
+                waits[t.pool] = self.dispatcher.predicted_wait(t.pool, priority)
+            wait = waits[t.pool]
+            if wait is None or wait <= bound:
+                kept.append(t)
+            else:
+                shortest = min(shortest, wait)
+        if kept:
+            return kept
+        raise RateLimited(
+            f"No capacity for '{ctx.body.model}': the predicted wait for a worker is {shortest:.1f}s, over the "
+            f"{bound:.1f}s bound of its SLO class; retry later.",
+            retry_after_s=shortest,
+            code=Code.QUEUE_WAIT_PREDICTED,
+        )
+
     async def _await_first_token(
         self,
         ctx: CallContext,
@@ -455,7 +542,10 @@ class CompletionService:
             worker_id = msg.worker_id
             msg = await handle.next(self.settings.first_token_timeout_s)
         if isinstance(msg, TokenChunk | StreamEnd):
-            return OpenedStream(ctx, route_dep, handle, msg, self.settings.stream_idle_timeout_s), None
+            opened = OpenedStream(ctx, route_dep, handle, msg, self.settings.stream_idle_timeout_s, req)
+            if self.settings.max_resumes > 0:
+                opened.resumer = self.resume
+            return opened, None
         if isinstance(msg, StreamError):
             return None, error_from_info(msg.error, retryable=msg.retryable)
         # Worker lost, timed out or the stream broke before the first token: retry elsewhere.
@@ -466,6 +556,121 @@ class CompletionService:
         )
         return None, EngineError(f"attempt {req.attempt}: {why}", code=Code.WORKER_LOST, retryable=True)
 
+    # -- mid-stream failover ----------------------------------------------------------------------
+    def _unresumable(self, opened: OpenedStream) -> str | None:
+        """Why ``opened`` cannot be continued on another target, or None."""
+        ctx, body = opened.ctx, opened.ctx.body
+        if opened.resumes >= self.settings.max_resumes:
+            return f"resumed {opened.resumes} times already (max_resumes)"
+        if opened.tool_calls_delivered:
+            return "tool calls were streamed (an engine cannot continue a partial tool call)"
+        fmt = body.response_format if isinstance(body, ChatCompletionRequest) else None
+        if fmt is not None and fmt.get("type", "text") != "text":
+            return "structured output (a continuation would restart the grammar)"
+        if time.time() >= ctx.created_at + self.settings.request_timeout_s:
+            return "past the request deadline"
+        return None
+
+    def _resume_targets(self, opened: OpenedStream) -> list[tuple[Deployment, RouteTarget]]:
+        """Where a stream may continue: any worker of its deployment's pool, then the chain's other
+        deployments of the same model (the response names one model throughout)."""
+        dep = opened.deployment
+        out = [(dep, RouteTarget(deployment=dep.id, pool=dep.pool))]
+        for t in opened.route.targets if opened.route is not None else []:
+            other = self.catalog.deployment(t.deployment)
+            if other is not None and other.model == dep.model and all(d.id != other.id for d, _ in out):
+                out.append((other, RouteTarget(deployment=other.id, pool=other.pool)))
+        return out
+
+    async def resume(self, opened: OpenedStream, cut: Interruption) -> TokenChunk | StreamEnd | None:
+        """Continue ``opened`` after its answering attempt was interrupted past its first token:
+        the next attempt asks an engine to go on from the prompt plus everything the client has
+        received, with ``max_tokens`` reduced by it. The client's stream goes on under the same
+        id; its usage and the charge count each delivered token once
+        (:func:`llmlab_common.rules.resumed_usage`). Returns the continuation's first message, or
+        None when the stream cannot go on (then it ends with the in-band error, as before)."""
+        ctx, old = opened.ctx, opened.req
+        if old is not None and self._max_tokens(ctx) - opened.delivered_tokens <= 0:
+            return self._end_at_length(opened, old)
+        route = old.route if old is not None else None  # _build gives every attempt its route
+        why_not = self._unresumable(opened)
+        if old is None or route is None or why_not is not None:
+            log.warning("stream of attempt %d interrupted and not resumed: %s", opened.handle.attempt, why_not)
+            return None
+        outcome: AttemptOutcome = "abandoned"  # silent, or a broken stream
+        cause = "no tokens in time" if cut is None else "stream gap"
+        if isinstance(cut, WorkerLost):
+            outcome, cause = "worker_lost", "worker lost"
+        elif isinstance(cut, StreamError):
+            outcome, cause = "engine_error", f"engine failed: {cut.error.message}"
+        self.dispatcher.cancel(ctx.request_id, old.attempt, Code.RETRY)
+        carried = opened.delivered_tokens - opened.resumed_tokens
+        self._gateway_attempt_event(
+            ctx,
+            old,
+            opened.deployment,
+            outcome,
+            None,
+            f"interrupted after {carried} tokens ({cause}); resumed",
+            # The engine's counts died with the attempt: the prompt is the gateway's estimate.
+            usage=Usage(
+                prompt_tokens=ctx.prompt_tokens, completion_tokens=carried, total_tokens=ctx.prompt_tokens + carried
+            ),
+            carried_tokens=carried,
+        )
+        opened.resumes += 1
+        opened.resumed_tokens = opened.delivered_tokens
+        resume = Resume(from_attempt=old.attempt, text="".join(opened.parts), tokens=opened.delivered_tokens)
+        queue_timeout = self._queue_timeout(ctx.principal)
+        previous = opened.deployment.id
+        for dep, target in self._resume_targets(opened):
+            attempt = opened.attempts + 1
+            opened.attempts = attempt
+            wait = self._fallback_wait(target, queue_timeout)
+            # The routing decision the stream was answered by, moved on to this position.
+            info = route.model_copy(
+                update={
+                    "position": attempt,
+                    "reason": f"resume of attempt {old.attempt} after {resume.tokens} tokens: {cause}",
+                    "fallback_from": previous,
+                }
+            )
+            req = self._build(ctx, dep, info, attempt, wait)
+            req.params.max_tokens = self._max_tokens(ctx) - resume.tokens
+            req.resume = resume
+            handle = await self.dispatcher.dispatch(req, target)
+            got, err = await self._await_first_token(ctx, req, dep, handle, wait)
+            if got is not None:
+                log.info("attempt %d continues the stream on %s (%s)", attempt, dep.id, cause)
+                opened.handle, opened.req = got.handle, req
+                return got.first
+            assert err is not None
+            log.warning("resume attempt %d on %s failed: %s", attempt, dep.id, err.message)
+            if not err.retryable:
+                return None
+            previous = dep.id
+        return None
+
+    def _end_at_length(self, opened: OpenedStream, old: InferenceRequest) -> StreamEnd:
+        """The answering attempt failed after delivering every token the request allows, before its
+        engine's last message (a stall or a crash in between, seen by the chaos suite): nothing is
+        left to generate, so the stream ends as the engine would have ended it, ``length``, and the
+        request pays for what its client received (this event bills it: the worker's reports a
+        failure). The prompt is the gateway's estimate: the engine's count died with the attempt."""
+        ctx = opened.ctx
+        self.dispatcher.cancel(ctx.request_id, old.attempt, Code.RETRY)
+        # In this attempt's own terms (rules.resumed_usage turns them into the request's).
+        prompt, own = ctx.prompt_tokens + opened.resumed_tokens, opened.delivered_tokens - opened.resumed_tokens
+        usage = Usage(prompt_tokens=prompt, completion_tokens=own, total_tokens=prompt + own)
+        self._gateway_attempt_event(
+            ctx, old, opened.deployment, "completed", None, None, usage=usage, finish_reason="length"
+        )
+        log.warning("attempt %d failed after every allowed token was delivered: the stream ends at length", old.attempt)
+        timings = Timings(nats_queue_s=0.0, e2e_s=max(0.0, time.time() - old.dispatched_at))
+        return StreamEnd(
+            request_id=ctx.request_id, attempt=old.attempt, seq=0, finish_reason="length", usage=usage, timings=timings
+        )
+
     def _gateway_attempt_event(
         self,
         ctx: CallContext,
@@ -473,8 +678,11 @@ class CompletionService:
         dep: Deployment,
         outcome: AttemptOutcome,
         worker_id: str | None,
-        why: str,
+        why: str | None,
         code: str | None = None,
+        usage: Usage | None = None,
+        carried_tokens: int = 0,
+        finish_reason: FinishReason | None = None,
     ) -> None:
         self.dispatcher.record_attempt(
             AttemptEvent(
@@ -488,10 +696,14 @@ class CompletionService:
                 model=dep.model,
                 endpoint=req.endpoint,
                 principal=ctx.principal,
-                error=ErrorInfo(status=0, type="attempt", code=code or outcome, message=why),
+                error=None if why is None else ErrorInfo(status=0, type="attempt", code=code or outcome, message=why),
                 route=req.route,
+                usage=usage,
                 created_at=ctx.created_at,
                 ended_at=time.time(),
+                resumed_tokens=req.resume.tokens if req.resume is not None else 0,
+                carried_tokens=carried_tokens,
+                finish_reason=finish_reason,
             )
         )
 

@@ -40,11 +40,20 @@ class GatewaySettings(ScalableSettings):
     request_timeout_s: float = 600.0
     # Bound on the targets of a router chain tried for one request (the catalog's max_chain also bounds it).
     max_attempts: int = Field(default=3, ge=1, le=5)
+    # Admission by predicted wait: refuse at once (429 + Retry-After) a request whose predicted wait
+    # for a worker exceeds its SLO class's queue bound, instead of refusing it after that wait.
+    admission: bool = True
+    # Mid-stream failover: how many times one stream may continue on another target after its
+    # answering attempt failed past the first token (worker lost, engine failed, stream broken or
+    # silent); 0: such a stream ends with an in-band error.
+    max_resumes: int = Field(default=2, ge=0, le=5)
     # A fallback to a pool with no live worker waits this long for one (a restart) before the next target.
     empty_pool_wait_s: float = Field(default=3.0, gt=0)
     # "service": ask the router service over NATS (falls back to deciding here when it does not
-    # answer within router_timeout_s); "embedded": decide in this process with the same router core.
-    router: Literal["service", "embedded"] = "service"
+    # answer within router_timeout_s); "embedded": decide in this process with the same router core;
+    # "shared": decide here and publish each decision, applying the other gateways' (every gateway
+    # of a namespace then sees all pending work and prefix homes, without a round trip per request).
+    router: Literal["service", "embedded", "shared"] = "service"
     router_timeout_s: float = Field(default=0.25, gt=0)
     # Requests arriving together go to the budget and router services as one batch message of at
     # most this many (llmlab_common.coalesce); 1 = one message per request.

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -27,7 +29,7 @@ class FakeMsg:
 
 def _dispatcher() -> NatsDispatcher:
     return NatsDispatcher(
-        cast(Any, None),
+        cast(Any, SimpleNamespace(is_connected=True)),  # the sweeper reads only this
         cast(Any, None),
         T,
         "gw1",
@@ -162,7 +164,6 @@ async def test_a_long_wait_is_timed_by_the_sweeper_and_a_short_one_by_a_timer() 
     its deadline. Catches a wait the sweeper never ends (a stream that hangs on a silent worker),
     one it ends early, and an expiry left in the queue that a later wait takes for a timeout."""
     import asyncio
-    import time
 
     from llmlab_gateway.dispatch import _EXPIRED, _Handle
 
@@ -193,3 +194,22 @@ async def test_a_long_wait_is_timed_by_the_sweeper_and_a_short_one_by_a_timer() 
         assert time.monotonic() - t0 < 0.15
     finally:
         sweeper.cancel()
+
+
+async def test_a_reconnection_to_nats_starts_discovery_again() -> None:
+    """Catches: a gateway back from a NATS outage answering 503 "no live worker" to every request
+    until the workers' next heartbeats (it heard none while cut off): the first request after the
+    reconnection waits the discovery grace, as one right after the gateway's start does."""
+    nc = SimpleNamespace(is_connected=True)
+    d = NatsDispatcher(cast(Any, nc), cast(Any, None), T, "gw1", LiveState(), Metrics("llmlab"), 0.3, 1)
+    d._started_at -= 10  # long up
+    assert d.discovery_done()
+    nc.is_connected = False
+    d._note_reconnection(time.monotonic())  # the sweeper sees the outage
+    assert d.discovery_done()
+    nc.is_connected = True
+    t0 = time.monotonic()
+    await d.wait_discovery()  # a request found no live worker before the sweeper saw the reconnection
+    assert 0.25 <= time.monotonic() - t0 < 1.0
+    await d.wait_discovery()  # once: the grace has passed
+    assert d.discovery_done() and time.monotonic() - t0 < 1.0

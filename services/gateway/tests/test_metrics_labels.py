@@ -18,7 +18,6 @@ from llmlab_common.errors import EngineError, InvalidRequest, LLMLabError
 from llmlab_common.http import unexpected_error
 from llmlab_common.messages import (
     AttemptEvent,
-    Heartbeat,
     InferenceRequest,
     Principal,
     RequestEvent,
@@ -45,6 +44,7 @@ from llmlab_routing.config import CatalogHolder
 from llmlab_routing.core import RouterCore
 from llmlab_routing.state import LiveState
 from llmlab_testkit.e2e import samples
+from llmlab_testkit.routing import heartbeat
 
 pytestmark = pytest.mark.unit
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -97,6 +97,9 @@ class _Dispatcher:
     def live_workers(self, pool: str) -> int:
         return 1
 
+    def predicted_wait(self, pool: str, priority: int = 0) -> float | None:
+        return None
+
     async def wait_discovery(self) -> None:
         return None
 
@@ -136,19 +139,7 @@ def _gateway(plan: str, scripts: list[list[Any]]) -> tuple[Gateway, Metrics]:
     holder = CatalogHolder(DEFAULT_CATALOG)
     live = LiveState()
     for pool in ("gpu-vllm", "gpu-sglang", "cpu-vllm"):
-        live.on_heartbeat(
-            Heartbeat(
-                worker_id=f"{pool}-0",
-                pool=pool,
-                engine="vllm",
-                models=[],
-                max_concurrency=8,
-                in_flight=0,
-                ready=True,
-                interval_s=60,
-                sent_at=time.time(),
-            )
-        )
+        live.on_heartbeat(heartbeat(f"{pool}-0", pool, interval=60))
     service = CompletionService(settings, holder, EmbeddedRouter(RouterCore(holder, live)), _Dispatcher(scripts))
     metrics = Metrics("llmlab")
     admitter = StaticKeyAuthenticator([rules.hash_key(KEY)], plan)

@@ -8,11 +8,17 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-from llmlab_common.errors import EngineError, InvalidRequest, ModelNotFound, RateLimited, ServiceUnavailable
+from llmlab_common.errors import (
+    EngineError,
+    InvalidRequest,
+    ModelNotFound,
+    RateLimited,
+    ServiceUnavailable,
+    UpstreamTimeout,
+)
 from llmlab_common.messages import (
     AttemptEvent,
     ErrorInfo,
-    Heartbeat,
     InferenceRequest,
     Principal,
     RequestEvent,
@@ -32,6 +38,7 @@ from llmlab_gateway.settings import GatewaySettings
 from llmlab_routing.config import load_router_catalog
 from llmlab_routing.core import RouterCore
 from llmlab_routing.state import LiveState
+from llmlab_testkit.routing import heartbeat
 
 pytestmark = pytest.mark.unit
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -64,8 +71,15 @@ class FakeDispatcher:
     attempt_events: list[AttemptEvent] = field(default_factory=list)
     request_events: list[RequestEvent] = field(default_factory=list)
 
+    waits: dict[tuple[str, int], float] = field(default_factory=dict)
+    asked: list[tuple[str, int]] = field(default_factory=list)
+
     def live_workers(self, pool: str) -> int:
         return self.workers
+
+    def predicted_wait(self, pool: str, priority: int = 0) -> float | None:
+        self.asked.append((pool, priority))
+        return self.waits.get((pool, priority))
 
     async def wait_discovery(self) -> None:
         return None
@@ -107,24 +121,12 @@ def _end(a: int, seq: int) -> StreamEnd:
 
 
 def _service(d: FakeDispatcher, **kw: object) -> CompletionService:
-    settings = GatewaySettings(queue_timeout_s=0.05, first_token_timeout_s=0.05, **kw)  # type: ignore[arg-type]
+    settings = GatewaySettings(**{"queue_timeout_s": 0.05, "first_token_timeout_s": 0.05, **kw})  # type: ignore[arg-type]
     rc = load_router_catalog(DEFAULT_CATALOG)
     live = LiveState()
     for pool in ("gpu-vllm", "gpu-sglang", "cpu-vllm"):
         for i in range(d.workers):
-            live.on_heartbeat(
-                Heartbeat(
-                    worker_id=f"{pool}-{i}",
-                    pool=pool,
-                    engine="vllm",
-                    models=[],
-                    max_concurrency=8,
-                    in_flight=0,
-                    ready=True,
-                    interval_s=60,
-                    sent_at=time.time(),
-                )
-            )
+            live.on_heartbeat(heartbeat(f"{pool}-{i}", pool, interval=60))
     return CompletionService(settings, rc, EmbeddedRouter(RouterCore(rc, live)), d)
 
 
@@ -254,11 +256,167 @@ async def test_engine_rejection_is_not_retried() -> None:
     assert len(d.dispatched) == 1
 
 
-async def test_worker_lost_mid_stream_ends_with_error() -> None:
-    d = FakeDispatcher(scripts=[[_started(1), _tok(1, 1, "a"), WorkerLost(1, "w1")]])
+def _end_with(a: int, seq: int, prompt: int, completion: int) -> StreamEnd:
+    usage = Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return StreamEnd(
+        request_id="r", attempt=a, seq=seq, finish_reason="stop", usage=usage, timings=Timings(nats_queue_s=0, e2e_s=1)
+    )
+
+
+def _engine_failed(a: int, seq: int, status: int = 503) -> StreamError:
+    info = ErrorInfo(status=status, type="server_error", code="engine_error", message="engine went away")
+    return StreamError(request_id="r", attempt=a, seq=seq, before_first_token=False, retryable=False, error=info)
+
+
+async def test_worker_lost_mid_stream_is_continued_by_the_next_attempt() -> None:
+    first = [_started(1), _tok(1, 1, "One"), _tok(1, 2, " two"), WorkerLost(1, "w1")]
+    # The continuation's engine counted the delivered text (2 tokens) in its prompt of 12 + 2.
+    second = [_started(2, "w2"), _tok(2, 1, " three"), _end_with(2, 2, prompt=14, completion=1)]
+    d = FakeDispatcher(workers=2, scripts=[first, second])
+    opened = await _service(d).open(_ctx())
+    assert await _drain(opened) == ["One", " two", " three"]
+    cont = d.dispatched[1]
+    assert cont.attempt == 2 and cont.resume is not None
+    assert (cont.resume.from_attempt, cont.resume.text, cont.resume.tokens) == (1, "One two", 2)
+    assert cont.params.max_tokens == 256 - 2  # the plan's 256, less what was delivered
+    assert cont.messages == d.dispatched[0].messages  # the worker appends the delivered text
+    # Any worker of the same deployment's pool, not the one that died.
+    assert d.targets[1].deployment == d.targets[0].deployment and d.targets[1].worker_id is None
+    assert ("r", 1, "retry") in d.cancels
+    # The client's usage counts its three tokens once and the original prompt once.
+    assert opened.end is not None
+    assert (opened.end.usage.prompt_tokens, opened.end.usage.completion_tokens) == (12, 3)
+    assert opened.resumes == 1 and opened.attempts == 2 and opened.delivered_tokens == 3
+    # Attempt 1 is recorded as lost, with the two tokens it delivered carried to attempt 2's bill.
+    (lost,) = d.attempt_events
+    assert (lost.attempt, lost.outcome, lost.carried_tokens) == (1, "worker_lost", 2)
+    assert lost.usage is not None and lost.usage.completion_tokens == 2
+
+
+async def test_an_engine_failure_or_silence_mid_stream_is_resumed_up_to_max_resumes() -> None:
+    def scripts() -> list[list[AttemptMessage | None]]:
+        return [
+            [_started(1), _tok(1, 1, "a"), _engine_failed(1, 2)],
+            [_started(2), _tok(2, 1, " b"), None],  # then silent past the idle timeout
+            [_started(3), _tok(3, 1, " c"), _end_with(3, 2, prompt=20, completion=1)],
+        ]
+
+    d = FakeDispatcher(workers=2, scripts=scripts())
+    opened = await _service(d, stream_idle_timeout_s=0.05).open(_ctx())
+    assert await _drain(opened) == ["a", " b", " c"]
+    assert [r.resume.text if r.resume else None for r in d.dispatched] == [None, "a", "a b"]
+    assert [e.outcome for e in d.attempt_events] == ["engine_error", "abandoned"]
+    assert [e.carried_tokens for e in d.attempt_events] == [1, 1]
+    assert opened.end is not None and opened.end.usage.completion_tokens == 3
+
+    # max_resumes=1: the second interruption ends the stream with the in-band error.
+    d = FakeDispatcher(workers=2, scripts=scripts())
+    opened = await _service(d, max_resumes=1, stream_idle_timeout_s=0.05).open(_ctx())
+    with pytest.raises(UpstreamTimeout):
+        await _drain(opened)
+    assert len(d.dispatched) == 2
+
+
+async def test_what_cannot_be_continued_ends_with_the_in_band_error() -> None:
+    lost = [_started(1), _tok(1, 1, "a"), WorkerLost(1, "w1")]
+    # Resuming is off.
+    d = FakeDispatcher(workers=2, scripts=[list(lost), []])
+    opened = await _service(d, max_resumes=0).open(_ctx())
+    with pytest.raises(EngineError, match="lost mid-generation"):
+        await _drain(opened)
+    assert len(d.dispatched) == 1
+    # A tool call was streamed: an engine cannot continue half a call.
+    call = TokenChunk(request_id="r", attempt=1, seq=1, tool_calls=[{"index": 0, "id": "c"}], token_times=[0.1])
+    d = FakeDispatcher(workers=2, scripts=[[_started(1), call, WorkerLost(1, "w1")], []])
+    with pytest.raises(EngineError):
+        await _drain(await _service(d).open(_ctx()))
+    assert len(d.dispatched) == 1
+    # The engine refused mid-stream (a 4xx is the request's, not the engine's failure).
+    d = FakeDispatcher(workers=2, scripts=[[_started(1), _tok(1, 1, "a"), _engine_failed(1, 2, status=400)], []])
+    with pytest.raises(InvalidRequest):
+        await _drain(await _service(d).open(_ctx()))
+    assert len(d.dispatched) == 1
+
+
+async def test_an_answer_cut_after_its_last_allowed_token_ends_at_length_and_is_billed() -> None:
+    """Catches: a stream whose engine died or stalled between its last allowed token and its final
+    message ending in an in-band error (the client had everything it asked for), and billed nothing
+    (the worker's event is a failure; seen by the chaos suite as free tokens)."""
+    from llmlab_common import rules
+
+    lost = [_started(1), _tok(1, 1, "a"), WorkerLost(1, "w1")]
+    d = FakeDispatcher(workers=2, scripts=[list(lost), []])
+    opened = await _service(d).open(_ctx(max_tokens=1))
+    try:
+        texts = await _drain(opened)
+    except EngineError as exc:
+        pytest.fail(f"a complete answer ended with an error: {exc}")
+    assert texts == ["a"]
+    assert len(d.dispatched) == 1 and ("r", 1, "retry") in d.cancels  # nothing left to generate
+    assert opened.end is not None and opened.end.finish_reason == "length"
+    # The gateway's prompt estimate (docs/budgets.md): "hi" is 2 bytes -> 1 token, + 4 for the
+    # message + 3 for the conversation.
+    assert (opened.end.usage.prompt_tokens, opened.end.usage.completion_tokens) == (8, 1)
+    (ev,) = d.attempt_events
+    assert (ev.attempt, ev.outcome, ev.source, ev.error, ev.finish_reason) == (
+        1,
+        "completed",
+        "gateway",
+        None,
+        "length",
+    )
+    assert rules.charge_for(ev) == rules.Charge(8, 1)  # the prompt (estimated) and the one token
+
+
+async def test_a_continuation_nobody_takes_gives_way_to_the_chain_then_the_error() -> None:
+    # The model has one deployment: when its pool does not take the continuation in time (queue
+    # timeout), no other target serves the same model and the stream ends with the error.
+    d = FakeDispatcher(workers=2, scripts=[[_started(1), _tok(1, 1, "a"), WorkerLost(1, "w1")], [None]])
     opened = await _service(d).open(_ctx())
     with pytest.raises(EngineError, match="lost mid-generation"):
         await _drain(opened)
+    assert len(d.dispatched) == 2 and d.dispatched[1].resume is not None
+    assert [e.outcome for e in d.attempt_events] == ["worker_lost", "abandoned"]
+
+
+async def test_a_predicted_wait_over_the_bound_is_429_at_once_and_nothing_is_published() -> None:
+    d = FakeDispatcher(waits={("gpu-vllm", 0): 7.5})
+    with pytest.raises(RateLimited) as exc:
+        await _service(d, queue_timeout_s=2.0).open(_ctx())
+    assert exc.value.code == "queue_wait_predicted" and exc.value.headers["Retry-After"] == "8"
+    assert "7.5s" in exc.value.message and d.dispatched == []  # refused before any wait
+    # Within the bound, or unknown: the request goes and waits as before.
+    for waits in ({("gpu-vllm", 0): 1.5}, {}):
+        d = FakeDispatcher(waits=waits, scripts=[[_started(1), _tok(1, 1, "a"), _end(1, 2)]])
+        await _drain(await _service(d, queue_timeout_s=2.0).open(_ctx()))
+        assert len(d.dispatched) == 1
+    # Admission off: no prediction is consulted.
+    d = FakeDispatcher(waits={("gpu-vllm", 0): 7.5}, scripts=[[_started(1), _end(1, 1)]])
+    await _service(d, queue_timeout_s=2.0, admission=False).open(_ctx())
+    assert len(d.dispatched) == 1
+
+
+async def test_the_wait_is_predicted_for_the_plans_priority() -> None:
+    # The free plan's queue is long; the enterprise plan (priority 2) goes before it.
+    d = FakeDispatcher(waits={("gpu-vllm", 0): 9.0}, scripts=[[_started(1), _end(1, 1)]])
+    svc = _service(d, queue_timeout_s=2.0)
+    with pytest.raises(RateLimited):
+        await svc.open(_ctx())
+    body = ChatCompletionRequest.model_validate({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    await svc.open(CallContext("r", "chat", body, Principal(plan="enterprise"), time.time()))
+    assert d.asked == [("gpu-vllm", 0), ("gpu-vllm", 2)]
+    assert d.dispatched[0].priority == 2
+
+
+async def test_admission_skips_targets_over_the_bound_and_keeps_the_chains_order() -> None:
+    # "auto" chains two deployments in different pools: the first pool is predicted too slow.
+    d = FakeDispatcher(scripts=[[_started(1), _tok(1, 1, "x"), _end(1, 2)]])
+    svc = _service(d, queue_timeout_s=2.0)
+    chain = (await svc._route(_ctx(model="auto"))).targets
+    assert len({t.pool for t in chain}) >= 2
+    d.waits = {(chain[0].pool, 0): 30.0}
+    await _drain(await svc.open(_ctx(model="auto")))
+    assert [t.pool for t in d.targets] == [next(t.pool for t in chain if t.pool != chain[0].pool)]
 
 
 async def test_tools_and_response_format_pass_through_where_supported() -> None:

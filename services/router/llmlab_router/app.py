@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from llmlab_common.jsprobe import JetStreamProbe, pending_by_pool, run_probe
+from llmlab_common.messages import RouteCommit
 from llmlab_common.metrics import Metrics
 from llmlab_common.natsio import connect_as, ensure_streams
 from llmlab_common.runtime import ServiceState, cancel_and_wait, ops_router
@@ -48,12 +49,30 @@ def create_app(settings: RouterSettings) -> FastAPI:
             stack.push_async_callback(nc.drain)
             js = nc.jetstream()
             await ensure_streams(js, topo, settings.infra.events_max_bytes)
-            feed = LiveFeed(nc, js, topo, live)
+
+            # Gateways in shared mode decide themselves: their decisions keep this state whole.
+            def count_shared(c: RouteCommit) -> None:
+                cur = holder.current
+                rm.observe_shared(c, cur.routing.policies, {d.id for d in cur.catalog.deployments})
+
+            feed = LiveFeed(nc, js, topo, live, commits_except="", on_commit=count_shared)
             await feed.start()
             stack.push_async_callback(feed.stop)
             responder = RouteResponder(nc, topo, core, rm)
-            await responder.start()
+            answering = asyncio.Event()
+
+            async def answer_after_discovery() -> None:
+                # A router that just started has heard no heartbeat and would answer "no live worker"
+                # for every pool (a restarted one delayed requests by seconds in the chaos suite).
+                # Until the workers had time to announce themselves it does not subscribe: gateways
+                # get no responder and decide with their embedded router at once.
+                await asyncio.sleep(settings.discovery_grace_s)
+                await responder.start()
+                answering.set()
+
+            starter = asyncio.create_task(answer_after_discovery(), name="answer-after-discovery")
             stack.push_async_callback(responder.stop)
+            stack.push_async_callback(cancel_and_wait, starter)
             reloader = asyncio.create_task(
                 watch_catalog(holder, settings.reload_interval_s, rm.reloaded), name="catalog-reload"
             )
@@ -69,10 +88,7 @@ def create_app(settings: RouterSettings) -> FastAPI:
             )
             stack.push_async_callback(cancel_and_wait, prober)
             state.checks["nats"] = lambda: nc.is_connected
-            started = asyncio.get_running_loop().time()
-            state.checks["workers_discovered"] = lambda: (
-                asyncio.get_running_loop().time() - started >= settings.discovery_grace_s
-            )
+            state.checks["workers_discovered"] = answering.is_set
             app.state.core = core
             log.info(
                 "router up (namespace %s, catalog version %s, decisions -> %s)",

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from llmlab_common.jsprobe import PoolQueue
-from llmlab_common.messages import RouteReply
+from llmlab_common.messages import RouteCommit, RouteReply
 from llmlab_common.metrics import Metrics
 
 
@@ -18,7 +18,7 @@ class RouterMetrics:
         )
         self.decisions = metrics.counter(
             "router_decisions_total",
-            "Routing decisions by policy, first deployment and outcome",
+            "Routing decisions by policy, first deployment and outcome (shared: made by a gateway in shared mode)",
             ("policy", "deployment", "outcome"),
         )
         self.reloads = metrics.counter("router_catalog_reloads_total", "Catalog reloads by result", ("result",))
@@ -41,6 +41,13 @@ class RouterMetrics:
 
     def reloaded(self, result: str) -> None:
         self.reloads.labels(result).inc()
+
+    def observe_shared(self, commit: RouteCommit, policies: Collection[str], deployments: Collection[str]) -> None:
+        """A decision a gateway in shared router mode made and published (outcome ``shared``);
+        names the catalog does not know count as ``other``, so no message can add series."""
+        policy = commit.policy if commit.policy in policies else "other"
+        deployment = commit.deployment if commit.deployment in deployments else "other"
+        self.decisions.labels(policy, deployment, "shared").inc()
 
     def observe(self, reply: RouteReply, policy: str) -> None:
         if reply.targets:

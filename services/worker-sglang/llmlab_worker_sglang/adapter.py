@@ -3,7 +3,7 @@ needs ``--enable-metrics``) and a ready-made cache hit-rate gauge."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from llmlab_worker.engine import MetricNames, OpenAIEngineAdapter
 
@@ -23,3 +23,6 @@ class SglangAdapter(OpenAIEngineAdapter):
         preemptions="sglang:num_retracted_requests_total",
         # No tokens-per-step histogram: the batch size is the running requests.
     )
+    # SGLang's ChatCompletionRequest has continue_final_message (it then adds no generation
+    # prompt) and no add_generation_prompt field.
+    continue_fields: ClassVar[dict[str, Any] | None] = {"continue_final_message": True}

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from llmlab_common.messages import EngineLoad, InferenceRequest, Usage
 from llmlab_common.metrics import parse_prometheus_text
-from llmlab_worker.engine import EngineEvent, EngineRequestError
+from llmlab_worker.engine import EngineEvent, EngineRequestError, continued_chat, continued_prompt
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
@@ -155,10 +155,16 @@ class InProcessVllmAdapter(VllmAdapter):
     def prompt_ids(self, req: InferenceRequest) -> list[int]:
         tok = self._tokenizer
         if req.endpoint == "chat":
-            messages = [{**m, "content": _text_content(m.get("content"))} for m in req.messages or []]
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            # A resumed stream: the engine continues the delivered text as the final assistant
+            # message (as the OpenAI server's continue_final_message does).
+            resume = req.resume is not None
+            conversation = continued_chat(req) if resume else req.messages or []
+            messages = [{**m, "content": _text_content(m.get("content"))} for m in conversation]
+            text = tok.apply_chat_template(
+                messages, add_generation_prompt=not resume, continue_final_message=resume, tokenize=False
+            )
             return list(tok.encode(text, add_special_tokens=False))
-        return list(tok.encode(req.prompt or ""))
+        return list(tok.encode(continued_prompt(req) if req.resume is not None else req.prompt or ""))
 
     async def stream(self, req: InferenceRequest) -> AsyncGenerator[EngineEvent, None]:
         from vllm import SamplingParams

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from llmlab_common.messages import AttemptEvent, StreamEnd, StreamError, StreamStarted, TokenChunk
+from llmlab_common.messages import AttemptEvent, Resume, StreamEnd, StreamError, StreamStarted, TokenChunk
 from llmlab_testkit.e2e import client
 from llmlab_testkit.fixtures import _cleanup
 from llmlab_testkit.natsclient import WorkerClient
@@ -108,13 +108,26 @@ async def test_same_answers_as_the_vllm_server(ns_stack: Stack, worker: ManagedP
                 json={"model": SERVED_NAME, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0},
             )
         ).json()
+        # Mid-stream failover's continuation: the server's continue_final_message.
+        partial = [*messages, {"role": "assistant", "content": "On a clear day, the"}]
+        cont_options = {"continue_final_message": True, "add_generation_prompt": False}
+        cont = (
+            await h.post(
+                vllm_url + "/v1/chat/completions",
+                json={"model": SERVED_NAME, "messages": partial, "max_tokens": 6, "temperature": 0, **cont_options},
+            )
+        ).json()
     async with WorkerClient(ns_stack.namespace) as c:
         await c.publish(c.request("ip-2", POOL, SERVED_NAME, messages=messages, max_tokens=10, temperature=0.0))
         await c.publish(
             c.request("ip-3", POOL, SERVED_NAME, prompt="The capital of France is", max_tokens=8, temperature=0.0)
         )
+        # (ids are unique in this module: JetStream deduplicates a repeated request id and attempt)
+        resumed = c.request("ip-2c", POOL, SERVED_NAME, messages=messages, max_tokens=6, temperature=0.0)
+        resumed.resume = Resume(from_attempt=1, text="On a clear day, the", tokens=6)
+        await c.publish(resumed)
         got: dict[str, tuple[str, StreamEnd]] = {}
-        for rid in ("ip-2", "ip-3"):
+        for rid in ("ip-2", "ip-3", "ip-2c"):
             msgs = await c.collect(rid, timeout=120)
             end = msgs[-1]
             assert isinstance(end, StreamEnd), msgs
@@ -126,6 +139,9 @@ async def test_same_answers_as_the_vllm_server(ns_stack: Stack, worker: ManagedP
     text, end = got["ip-3"]
     assert text == comp["choices"][0]["text"]
     assert end.usage.prompt_tokens == comp["usage"]["prompt_tokens"]
+    text, end = got["ip-2c"]
+    assert text == cont["choices"][0]["message"]["content"]
+    assert end.usage.prompt_tokens == cont["usage"]["prompt_tokens"]
 
 
 async def test_stop_sequence_on_completions(ns_stack: Stack, worker: ManagedProcess) -> None:

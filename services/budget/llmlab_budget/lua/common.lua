@@ -1,10 +1,15 @@
 -- Shared by settle.lua and reap.lua (prepended by ledger.py): close one reservation.
 -- Charges `charge_in` + `charge_out` tokens (both 0 for a release) to every scope the
 -- reservation holds, releases the rest, frees its concurrency slot. Idempotent: a reservation
--- already settled is left alone ('dup'); a released one still takes a settle's charge once
--- ('late'). Returns {status, charged, reserved_total}.
-local function close_reservation(res, expiry, rid, state, charge_in, charge_out, now, settled_ttl, tombstone)
-  local r = redis.call('HMGET', res, 'state', 'input', 'total', 'tools_exempt', 'day', 'month', 'minute', 'stems')
+-- already settled is left alone ('dup'), unless the charge comes from a later attempt of the
+-- request (`attempt`): a request pays for its highest billing attempt, the one its client's
+-- answer came from, so that attempt's charge replaces the earlier one ('resettled', the
+-- difference applied); a released one still takes a settle's charge once ('late'). Returns
+-- {status, charged, reserved_total}.
+local function close_reservation(res, expiry, rid, state, charge_in, charge_out, now, settled_ttl, tombstone, attempt)
+  attempt = attempt or 0
+  local r = redis.call('HMGET', res, 'state', 'input', 'total', 'tools_exempt', 'day', 'month', 'minute', 'stems',
+    'attempt', 'charged')
   if not r[1] then
     if tombstone == 1 then
       -- Released before its reserve ran (the gateway stopped waiting for the budget): a closed
@@ -23,6 +28,17 @@ local function close_reservation(res, expiry, rid, state, charge_in, charge_out,
   end
   local charged = cin + cout
   if r[1] ~= 'reserved' then
+    if state == 'settled' and r[1] == 'settled' and r[8] and attempt > tonumber(r[9] or 0) then
+      -- A later attempt answered (the earlier one was given up while its worker still finished
+      -- it, e.g. cut off by a NATS outage): its charge replaces the earlier one's.
+      local delta = charged - tonumber(r[10] or 0)
+      for stem in string.gmatch(r[8], '[^|]+') do
+        redis.call('HINCRBY', stem .. ':d:' .. r[5], 'used', delta)
+        redis.call('HINCRBY', stem .. ':m:' .. r[6], 'used', delta)
+      end
+      redis.call('HSET', res, 'charged', charged, 'charged_input', cin, 'charged_output', cout, 'attempt', attempt)
+      return {'resettled', delta, 0}
+    end
     if state == 'settled' and r[1] == 'released' and r[8] then
       -- A charge that arrives after the reservation was released (by the reaper, or by the
       -- request's failure event processed first) is still owed: charged now to the day and month
@@ -32,7 +48,7 @@ local function close_reservation(res, expiry, rid, state, charge_in, charge_out,
         redis.call('HINCRBY', stem .. ':m:' .. r[6], 'used', charged)
       end
       redis.call('HSET', res, 'state', 'settled', 'charged', charged, 'charged_input', cin, 'charged_output', cout,
-        'closed_at', now, 'late', 1)
+        'closed_at', now, 'late', 1, 'attempt', attempt)
       redis.call('EXPIRE', res, settled_ttl)
       return {'late', charged, 0}
     end
@@ -53,7 +69,7 @@ local function close_reservation(res, expiry, rid, state, charge_in, charge_out,
     if c < 0 then redis.call('SET', stem .. ':conc', 0) end
   end
   redis.call('HSET', res, 'state', state, 'charged', charged, 'charged_input', cin, 'charged_output', cout,
-    'closed_at', now)
+    'closed_at', now, 'attempt', attempt)
   redis.call('EXPIRE', res, settled_ttl)
   redis.call('ZREM', expiry, rid)
   return {'ok', charged, total}

@@ -1,0 +1,110 @@
+"""Mid-stream failover through the whole stack: stream a completion, SIGKILL the worker that
+serves it after some tokens, and read what the client got (the same checks run on the simulator's
+two flavours and on real vLLM)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from llmlab_testkit.e2e import eventually, metric
+from llmlab_testkit.fixtures import DEV_KEY
+from llmlab_testkit.procs import ManagedProcess
+
+
+@dataclass
+class Relayed:
+    """One streamed answer as the client saw it."""
+
+    status: int
+    request_id: str
+    ids: list[str] = field(default_factory=list)  # every chunk's id, in order
+    pieces: list[str] = field(default_factory=list)  # the content (or text) of each chunk, in order
+    finishes: list[str] = field(default_factory=list)  # every finish_reason sent
+    usage: dict[str, int] = field(default_factory=dict)
+    errors: list[dict[str, Any]] = field(default_factory=list)  # in-band error events
+    done: int = 0  # "data: [DONE]" lines
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+async def relay(
+    base: str,
+    body: dict[str, Any],
+    *,
+    endpoint: str = "chat",
+    api_key: str = DEV_KEY,
+    pieces_seen: asyncio.Queue[int] | None = None,
+    timeout: float = 120,
+) -> Relayed:
+    """Stream ``body`` (``stream`` and ``include_usage`` are set here); after each content chunk
+    the number received so far goes into ``pieces_seen``."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    async with (
+        httpx.AsyncClient(timeout=timeout) as h,
+        h.stream("POST", base + path, headers={"Authorization": f"Bearer {api_key}"}, json=body) as resp,
+    ):
+        out = Relayed(resp.status_code, resp.headers.get("x-request-id", ""))
+        async for line in resp.aiter_lines():
+            if line == "data: [DONE]":
+                out.done += 1
+                continue
+            if not line.startswith("data: "):
+                continue
+            obj = json.loads(line[6:])
+            if "error" in obj:
+                out.errors.append(obj["error"])
+                continue
+            out.ids.append(obj["id"])
+            if obj.get("usage"):
+                out.usage = obj["usage"]
+            for choice in obj["choices"]:
+                piece = choice["delta"].get("content") if endpoint == "chat" else choice.get("text")
+                if piece:
+                    out.pieces.append(piece)
+                    if pieces_seen is not None:
+                        pieces_seen.put_nowait(len(out.pieces))
+                if choice.get("finish_reason"):
+                    out.finishes.append(choice["finish_reason"])
+        return out
+
+
+async def kill_mid_stream(
+    base: str,
+    body: dict[str, Any],
+    workers: list[ManagedProcess],
+    after: int,
+    *,
+    endpoint: str = "chat",
+    api_key: str = DEV_KEY,
+    timeout: float = 120,
+) -> tuple[Relayed, int, ManagedProcess]:
+    """Stream ``body`` and SIGKILL whichever of ``workers`` holds it once ``after`` content chunks
+    reached the client. Returns the stream, the chunks received before the kill, and the worker
+    killed."""
+    seen: asyncio.Queue[int] = asyncio.Queue()
+    call = asyncio.create_task(relay(base, body, endpoint=endpoint, api_key=api_key, pieces_seen=seen, timeout=timeout))
+    n = await asyncio.wait_for(seen.get(), timeout)
+    holders: list[ManagedProcess] = []
+
+    def held() -> bool:
+        holders[:] = [w for w in workers if metric(w, "llmlab_worker_in_flight_requests") >= 1]
+        return len(holders) == 1
+
+    # The holder is found at the first chunk, not at the ``after``-th: scraping the workers takes
+    # long enough for a fast engine (real vLLM on CPU) to finish the answer before the kill.
+    await eventually(held, timeout=5, what="the worker that serves the stream")
+    while n < after:
+        n = await asyncio.wait_for(seen.get(), timeout)
+    holders[0].kill()  # SIGKILL: no drain, no terminal message, heartbeats stop
+    # What reached the client before the kill: the pieces counted by now (more may be in flight).
+    while not seen.empty():
+        n = seen.get_nowait()
+    return await call, n, holders[0]
