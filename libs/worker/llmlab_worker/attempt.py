@@ -120,6 +120,14 @@ class AttemptResult:
     ended_wall: float = 0.0
 
 
+@dataclass
+class EngineActivity:
+    """When the engine last sent an attempt's content (monotonic), across the worker's attempts:
+    an engine that streams is alive whatever its health endpoint answers meanwhile."""
+
+    last_output_at: float = float("-inf")
+
+
 @dataclass(frozen=True)
 class AttemptContext:
     """What the attempt needs from the worker that runs it."""
@@ -141,6 +149,7 @@ class AttemptContext:
     # Told when an attempt failed for the engine's fault (no connection, a broken or stalled
     # stream, a 5xx): the worker takes no more work until a health check passes.
     on_engine_failure: Callable[[], None] | None = None
+    activity: EngineActivity = field(default_factory=EngineActivity)
 
 
 class StallWatch:
@@ -340,11 +349,13 @@ async def _relay(
     finish: str | None = None
     stream = ctx.stream(req)
     held = 0  # tokens of chunks without text yet (a partial character): they come with the next
+    activity = ctx.activity
     try:
         async for ev in stream:
             if ev.text or ev.tool_calls:
                 n, held = ev.tokens + held, 0
                 clock.token_times.append(ev.at)
+                activity.last_output_at = ev.at
                 clock.tokens += n
                 coalescer.add(ev.text, ev.tool_calls, ev.at, n)
             elif ev.engine_counted and ev.finish_reason is None:

@@ -543,9 +543,16 @@ class Worker:
 
     # -- health, load and heartbeats ---------------------------------------------------------
     async def _check_engine(self) -> None:
+        probe_started = time.monotonic()
         ok = await self.adapter.healthy()
         if ok:
             self._engine_failures = 0
+        elif self._attempt_ctx.activity.last_output_at >= probe_started - self.settings.heartbeat_interval_s:
+            # A busy engine can answer its health probe late (vLLM's API server answers /health on
+            # the event loop that relays every stream; a starved CPU host stalls both), but one
+            # that sent tokens since the last check is alive: a failed probe then is not counted,
+            # and a stream that does go silent is the stall watch's to end.
+            log.info("engine health probe failed while the engine streams: not counted")
         else:
             self._engine_failures += 1
         await self._set_engine_ready(

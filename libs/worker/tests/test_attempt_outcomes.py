@@ -426,3 +426,34 @@ async def test_the_request_s_own_token_subject_is_accepted() -> None:
     assert run is not None and run.task is not None
     await run.task
     assert msg.terms == 0 and [e.outcome for e in js.events] == ["completed"]
+
+
+async def _probe_times_out() -> bool:
+    return False  # as OpenAIEngineAdapter.healthy answers when /health is late
+
+
+async def test_a_health_probe_failing_while_the_engine_streams_does_not_give_the_engine_up() -> None:
+    """Catches: an engine busy serving streams (its /health answered late on a loaded host) taken
+    for lost after three failed probes, which would stop the worker pulling and end its streams as
+    stalled after one quiet second: a healthy stream failed over for nothing. Once the engine has
+    sent nothing for a check period, failed probes count again and it is given up."""
+    script: list[Any] = [x for t in "abcdefghij" for x in (0.05, t)]
+    w, sent, _ = _worker(script)
+    w.settings = w.settings.model_copy(update={"heartbeat_interval_s": 0.2})
+    w.adapter.healthy = _probe_times_out  # type: ignore[method-assign]
+    w.engine_ready = True
+    run = await _run(w, _req())
+    assert run.task is not None
+    await asyncio.sleep(0.12)  # the first tokens are out
+    checks = 0
+    while not run.task.done():
+        await w._check_engine()
+        checks += 1
+        assert w.engine_ready, f"engine given up while streaming, after {checks} probes"
+        await asyncio.sleep(0.05)
+    assert checks >= w.settings.engine_fail_threshold
+    assert sum(isinstance(m, TokenChunk) for m in sent) >= 1 and isinstance(sent[-1], StreamEnd)
+    await asyncio.sleep(0.25)  # silent for longer than a check period
+    for _ in range(w.settings.engine_fail_threshold):
+        await w._check_engine()
+    assert not w.engine_ready
