@@ -16,7 +16,7 @@ the run.
 
     python -m llmlab_testkit.mutants              # every mutation (make mutants)
     python -m llmlab_testkit.mutants --ci         # those marked for CI (about 5 min with the baseline)
-    python -m llmlab_testkit.mutants --ci --no-baseline  # what .ci/run does right after make test
+    python -m llmlab_testkit.mutants --ci --no-baseline --jobs 2  # what .ci/run does right after make test
     python -m llmlab_testkit.mutants --list
     python -m llmlab_testkit.mutants reaper-off   # some, by name
 """
@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the mutations and exit")
     ap.add_argument("--ci", action="store_true", help="only the mutations marked for CI (ci = true, the default)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutation")
+    ap.add_argument("--jobs", type=int, default=1, help="mutants run side by side (CI: 2)")
     ap.add_argument(
         "--no-baseline",
         action="store_true",
@@ -190,16 +192,23 @@ def main(argv: list[str] | None = None) -> int:
     if unsound:
         log.info("%s", tail)
     counts: dict[str, int] = {}
-    for i, m in enumerate(muts, 1):
-        log.info("[%d/%d] %s: %s", i, len(muts), m.name, m.why)
+
+    def one(m: Mutation) -> tuple[str, float, str]:
         if m.name in unsound:
-            v, secs, tail = "BASELINE-FAILS", 0.0, unsound[m.name]
-        else:
-            v, secs, tail = run_one(m, repo, a.timeout)
-        counts[v] = counts.get(v, 0) + 1
-        log.info("      %s in %.0fs", v, secs)
-        if v != "killed":
-            log.info("%s", tail)
+            return "BASELINE-FAILS", 0.0, unsound[m.name]
+        return run_one(m, repo, a.timeout)
+
+    # Each mutant breaks its own copy and its tests run in their own namespaces, so mutants can
+    # run side by side; most slow ones wait on timers (heartbeats, grace periods), not the CPU.
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        futures = {pool.submit(one, m): m for m in muts}
+        for i, fut in enumerate(as_completed(futures), 1):
+            m = futures[fut]
+            v, secs, tail = fut.result()
+            counts[v] = counts.get(v, 0) + 1
+            log.info("[%d/%d] %s: %s\n      %s in %.0fs", i, len(muts), m.name, m.why, v, secs)
+            if v != "killed":
+                log.info("%s", tail)
     summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
     log.info("%d mutations in %.0fs: %s", len(muts), time.monotonic() - t_all, summary)
     return 0 if counts.get("killed", 0) == len(muts) else 1
