@@ -164,11 +164,19 @@ SNAPSHOT_ARGS ?= --last 10m
 
 dashboards: install ## regenerate the Grafana dashboards' JSON -> infra/grafana/dashboards/ (make test fails while it is stale)
 	$(PY) -m llmlab_lab.dashboards generate --out infra/grafana/dashboards
+	$(PY) -m llmlab_lab.k8s sync  # the Kubernetes manifests carry a copy
 
 # GRAFANA_TOKEN (command line or environment) reaches the command through its environment, not its arguments.
 dashboards-import: install ## upload the dashboards into a running Grafana: GRAFANA_URL=http://host:3000 [GRAFANA_TOKEN=...] [GRAFANA_FOLDER=...]
 	@test -n "$(GRAFANA_URL)" || { echo "usage: make dashboards-import GRAFANA_URL=http://host:3000 [GRAFANA_TOKEN=...]" >&2; exit 2; }
 	$(PY) -m llmlab_lab.dashboards import --url "$(GRAFANA_URL)" $(if $(GRAFANA_FOLDER),--folder "$(GRAFANA_FOLDER)")
+
+.PHONY: k8s-validate k8s-sync
+k8s-validate: install ## render infra/k8s's overlays (kubectl kustomize) and validate every object against Kubernetes 1.32 and the vendored KEDA/PodMonitor CRD schemas (make test runs it too)
+	$(PY) -m llmlab_lab.k8s validate
+
+k8s-sync: install ## refresh infra/k8s/base/files from infra/ (after changing a rule, alert, dashboard or redis.conf)
+	$(PY) -m llmlab_lab.k8s sync
 
 dashboard-snapshot: install ## every dashboard row as a PNG from Prometheus -> reports/out/dashboards/ (PROMETHEUS_URL=..., SNAPSHOT_ARGS=--last 10m)
 	$(PY) -m llmlab_lab.dashboards snapshot --prometheus "$(PROMETHEUS_URL)" $(SNAPSHOT_ARGS) --out reports/out/dashboards

@@ -195,8 +195,19 @@ def permissions_for(topo: Topology, user: str) -> dict[str, Any]:
     return out
 
 
+# The gateway forwards request bodies of up to 4 MiB as one message (GatewaySettings.max_body_bytes);
+# nats-server's default max_payload is 1 MiB. As infra/nats/nats.conf.
+MAX_PAYLOAD = 8 * 1024 * 1024
+
+
 def server_config(
-    topo: Topology, passwords: dict[str, str], *, port: int = 4222, store_dir: Path | None = None, host: str = ""
+    topo: Topology,
+    passwords: dict[str, str],
+    *,
+    port: int = 4222,
+    store_dir: Path | None = None,
+    host: str = "",
+    max_payload: int = MAX_PAYLOAD,
 ) -> str:
     """A nats-server configuration: JetStream on, and one user per entry of ``passwords`` (a role,
     or a process's ``<role>.<id>``) with its permissions and password (plain text here: keep the
@@ -216,6 +227,7 @@ def server_config(
     lines = [f"port: {port}"]
     if host:
         lines.append(f"host: {json.dumps(host)}")
+    lines.append(f"max_payload: {max_payload}")
     lines.append(f"jetstream: {json.dumps(js)}")
     # JSON is valid nats-server configuration syntax.
     lines.append("authorization: " + json.dumps({"users": users}, indent=2))

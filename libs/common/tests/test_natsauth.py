@@ -82,6 +82,8 @@ def test_the_config_names_every_role_with_its_password_and_jetstream(tmp_path: P
     pw = {r: f"pw-{r}" for r in ROLES}
     text = server_config(T, pw, port=4333, store_dir=tmp_path)
     assert "port: 4333" in text and str(tmp_path) in text
+    # Bodies of up to 4 MiB travel as one message: past nats-server's 1 MiB default.
+    assert "max_payload: 8388608" in text
     users = json.loads(text.split("authorization: ", 1)[1])["users"]
     assert sorted(u["user"] for u in users) == sorted(ROLES)
     assert all(u["password"] == f"pw-{u['user']}" for u in users)
