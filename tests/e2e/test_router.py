@@ -14,10 +14,13 @@ import time
 from pathlib import Path
 
 import httpx
+import nats
 import pytest
+from llmlab_common.subjects import Topology
 from llmlab_testkit.e2e import LLAMA, QWEN, eventually, metric, sim_stats
 from llmlab_testkit.fixtures import DEV_KEY
 from llmlab_testkit.procs import ManagedProcess, Stack, url
+from nats.aio.msg import Msg
 
 pytestmark = pytest.mark.e2e
 AUTH = {"Authorization": f"Bearer {DEV_KEY}"}
@@ -219,8 +222,21 @@ async def test_shared_mode_gateways_route_on_each_others_decisions(stack: Stack)
     a, b = stack.gateway(router="shared"), stack.gateway(router="shared")
     c = stack.gateway(router="service", env={"LLMLAB_GATEWAY_ROUTER_TIMEOUT_S": "5"})
 
-    async def send(gw: ManagedProcess, delay: float) -> str:
-        await asyncio.sleep(delay)
+    # The second request of a pair leaves once A's commit is on the bus (plus 0.3 s for the other
+    # gateway and the router to take it), not at a fixed delay: a loaded CI host once took longer
+    # than 0.3 s to route A's request at all (CI of 2026-12-06).
+    nc = await nats.connect(stack.nats_url)
+    committed = asyncio.Queue[bytes]()
+
+    async def on_commit(msg: Msg) -> None:
+        committed.put_nowait(msg.data)
+
+    await nc.subscribe(Topology(stack.namespace).router_commit_wildcard, cb=on_commit)
+
+    async def send(gw: ManagedProcess, after_commit: bool) -> str:
+        if after_commit:
+            await asyncio.wait_for(committed.get(), timeout=10)
+            await asyncio.sleep(0.3)
         async with httpx.AsyncClient() as h:
             r = await h.post(
                 url(gw) + "/v1/chat/completions",
@@ -231,7 +247,12 @@ async def test_shared_mode_gateways_route_on_each_others_decisions(stack: Stack)
         assert r.status_code == 200, r.text
         return r.headers["x-request-id"]
 
-    pairs = [await asyncio.gather(send(a, 0), send(other, 0.3)) for other in (b, b, c)]
+    pairs = []
+    for other in (b, b, c):
+        pairs.append(await asyncio.gather(send(a, False), send(other, True)))
+        while not committed.empty():  # B's own commit: the next pair waits for A's again
+            committed.get_nowait()
+    await nc.close()
     chosen: dict[str, str] = {}
     for log_path in [*stack.workdir.glob("gateway-*-decisions.jsonl"), router.decision_log]:  # type: ignore[attr-defined]
         chosen.update(_chosen_workers(log_path))
