@@ -171,9 +171,15 @@ dashboards-import: install ## upload the dashboards into a running Grafana: GRAF
 	@test -n "$(GRAFANA_URL)" || { echo "usage: make dashboards-import GRAFANA_URL=http://host:3000 [GRAFANA_TOKEN=...]" >&2; exit 2; }
 	$(PY) -m llmlab_lab.dashboards import --url "$(GRAFANA_URL)" $(if $(GRAFANA_FOLDER),--folder "$(GRAFANA_FOLDER)")
 
-.PHONY: k8s-validate k8s-sync
+.PHONY: k8s-validate k8s-sync autoscale-demo twin-autoscale
 k8s-validate: install ## render infra/k8s's overlays (kubectl kustomize) and validate every object against Kubernetes 1.32 and the vendored KEDA/PodMonitor CRD schemas (make test runs it too)
 	$(PY) -m llmlab_lab.k8s validate
+
+autoscale-demo: install infra prom-tools ## the KEDA policy of infra/k8s for real: a controller reads the worker backlog from Prometheus and starts/drains simulator workers under a burst and the silence after it (~3 min) -> results/autoscale/
+	$(PY) -m llmlab_lab.autoscale
+
+twin-autoscale: install ## the §9 experiments in the engine twin: burst, ramp, pod kill, rolling update, node loss under the KEDA policy, a tuned one, a GPU-utilisation HPA and fixed fleets (simulated, ~3 min) -> results/twin-autoscale/
+	$(PY) -m llmlab_lab.twin_fleet
 
 k8s-sync: install ## refresh infra/k8s/base/files from infra/ (after changing a rule, alert, dashboard or redis.conf)
 	$(PY) -m llmlab_lab.k8s sync

@@ -28,7 +28,9 @@ import yaml
 
 log = logging.getLogger("llmlab_lab.k8s")
 
-REPO = Path(__file__).resolve().parents[2]
+# The checkout: this file's, or the working directory when this module runs from a copy (the
+# mutation runner imports a broken copy of the package from a temporary directory).
+REPO = next(p for p in (Path(__file__).resolve().parents[2], Path.cwd()) if (p / "infra" / "k8s").is_dir())
 K8S = REPO / "infra" / "k8s"
 OVERLAYS = ("cpu-sim", "gpu")
 SCHEMAS = K8S / "schemas"

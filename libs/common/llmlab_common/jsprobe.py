@@ -64,14 +64,25 @@ def consumer_load(info: Any) -> ConsumerLoad:
     )
 
 
-def pending_by_pool(topo: Topology, consumers: Iterable[ConsumerLoad], pools: Sequence[str]) -> dict[str, PoolQueue]:
+def pending_by_pool(
+    topo: Topology,
+    consumers: Iterable[ConsumerLoad],
+    pools: Sequence[str],
+    alive: Callable[[str], bool] | None = None,
+) -> dict[str, PoolQueue]:
     """Backlog of the requests stream per pool: the pool's shared consumer and its workers' own
     consumers, each placed by its filter subject. Every pool of ``pools`` is in the result (zero
-    when it has no consumer); consumers of other pools are left out (bounded labels)."""
+    when it has no consumer); consumers of other pools are left out (bounded labels). With
+    ``alive``, the own consumers of workers it says are gone are left out too: what a drained or
+    dead worker left there no other worker can take (its gateway moves the stream on), and
+    counting it would hold an autoscaler at its size until NATS removes the consumer."""
     out = {p: PoolQueue() for p in pools}
     for c in consumers:
         for subject in c.filter_subjects:
             pool = topo.request_subject_pool(subject)
+            worker = topo.request_subject_worker(subject) if alive is not None else None
+            if worker is not None and alive is not None and not alive(worker):
+                break
             if pool in out:
                 q = out[pool]
                 out[pool] = PoolQueue(q.pending + c.num_pending, q.ack_pending + c.num_ack_pending)

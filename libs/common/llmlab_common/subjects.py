@@ -117,6 +117,13 @@ class Topology:
             return pool if _TOKEN_RE.match(pool) else None
         return None
 
+    def request_subject_worker(self, subject: str) -> str | None:
+        """The worker a request subject addresses (:meth:`worker_subject`); None for a pool's."""
+        prefix = f"{self.namespace}.req.worker."
+        if not subject.startswith(prefix) or self.request_subject_pool(subject) is None:
+            return None
+        return subject[len(prefix) :].split(".")[1]
+
     # -- tokens back, control ------------------------------------------------------------------
     def token_subject(self, gateway_id: str, request_id: str) -> str:
         if request_id == TOKEN_BATCH:

@@ -152,6 +152,14 @@ def test_queue_backlog_sums_the_pool_consumer_and_its_workers_for_every_catalog_
     ]
     by_pool = pending_by_pool(topo, [consumer_load(i) for i in infos], ["a", "b", "c"])
     assert by_pool == {"a": PoolQueue(5, 5), "b": PoolQueue(5, 0), "c": PoolQueue(0, 0)}
+    # What a gone worker's own consumer still holds no worker can take: left out when liveness is known.
+    loads = [consumer_load(i) for i in infos]
+    assert pending_by_pool(topo, loads, ["a", "b"], alive=lambda w: w != "w1") == {
+        "a": PoolQueue(3, 1),
+        "b": PoolQueue(5, 0),
+    }
+    assert topo.request_subject_worker(topo.worker_subject("a", "w1", 2)) == "w1"
+    assert topo.request_subject_worker(topo.pool_subject("a")) is None
 
 
 def test_events_consumer_backlog_keeps_only_durable_consumers() -> None:

@@ -95,7 +95,7 @@ def start_prometheus(
     ``rule_files`` on the same period."""
     workdir = Path(tempfile.mkdtemp(prefix="llmlab-prom-"))
     port = free_port()
-    iv = f"{interval_s:g}s"
+    iv = f"{round(interval_s * 1000)}ms"  # Prometheus durations take no fractions ("0.5s" is refused)
     config: dict[str, Any] = {
         "global": {"scrape_interval": iv, "scrape_timeout": iv, "evaluation_interval": iv},
         "rule_files": [str(p) for p in rule_files],

@@ -304,6 +304,10 @@ class StepScheduler:
         yield from self.prefilling
         yield from self.decoding.values()
 
+    def waiting(self) -> Iterator[TwinSeq]:
+        """Sequences waiting for admission (an aborted one may linger in the heap: skipped)."""
+        yield from (s for _, _, s in self._waiting if s.state is SeqState.WAITING)
+
     # -- requests ------------------------------------------------------------------------------
 
     def add(self, s: TwinSeq, now: float) -> None:

@@ -81,7 +81,7 @@ def create_app(settings: RouterSettings) -> FastAPI:
 
             async def probe_queues() -> None:
                 pools = sorted(holder.current.catalog.deployment_pools)
-                rm.set_queues(pending_by_pool(topo, await probe.consumers(), pools))
+                rm.set_queues(pending_by_pool(topo, await probe.consumers(), pools, alive=live.alive))
 
             prober = asyncio.create_task(
                 run_probe(probe_queues, settings.queue_probe_s, "requests queue"), name="queue-probe"

@@ -24,7 +24,7 @@ class RouterMetrics:
         self.reloads = metrics.counter("router_catalog_reloads_total", "Catalog reloads by result", ("result",))
         self.queue_pending = metrics.gauge(
             "router_queue_pending_messages",
-            "Requests waiting in JetStream for a worker: the pool's consumer and its workers' consumers",
+            "Requests waiting in JetStream for a worker: the pool's consumer and its live workers' consumers",
             ("pool",),
         )
         self.queue_ack_pending = metrics.gauge(
