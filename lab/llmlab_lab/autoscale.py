@@ -185,12 +185,14 @@ class DemoConfig:
 FULL = DemoConfig(
     time_scale=0.05,
     slots=4,
-    phases=(Phase("warm", 5, 0.5), Phase("burst", 30, 12.0), Phase("low", 90, 2.5)),
+    # The burst fits the maximum (8 workers x 4 slots at 3 s a stream: about 10 requests/s), so the
+    # run shows the scale-up delay, not a fleet too small; the low load lasts through the drains.
+    phases=(Phase("warm", 5, 0.5), Phase("burst", 30, 8.0), Phase("low", 120, 2.5)),
 )
 QUICK = DemoConfig(
     time_scale=0.01,
     slots=4,
-    phases=(Phase("warm", 2, 0.5), Phase("burst", 8, 8.0), Phase("low", 20, 2.5)),
+    phases=(Phase("warm", 2, 0.5), Phase("burst", 7, 8.0), Phase("low", 16, 2.5)),
     quick=True,
 )
 

@@ -243,6 +243,10 @@ def simulate(
         start = 1
     else:
         start = fixed[policy]
+    if scenario.fault and policy in ("queue", "queue-tuned", "gpu-util"):
+        # A fault strikes a fleet that has settled to its steady load: start where a fixed fleet
+        # for that load would be, not at the minimum (the burst and ramp show the way up).
+        start = max(start, fixed["fixed-peak"])
     for _ in range(start):
         fleet.add_pod(0.0, warm=True)
     rid, carry, t, k = 0, 0.0, 0.0, 0
