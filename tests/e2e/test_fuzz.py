@@ -5,7 +5,7 @@ live process of the stack. Every response must be below 500 and conform to the d
 documented status, a body of the documented shape, a schema-valid request accepted and an
 invalid one refused.
 
-CI runs ``LLMLAB_FUZZ_EXAMPLES`` (20) schema-valid and as many invalid cases per operation;
+CI runs ``LLMLAB_FUZZ_EXAMPLES`` (14) schema-valid and as many invalid cases per operation;
 ``make fuzz`` runs more and writes the summary under ``results/fuzz/`` (``LLMLAB_FUZZ_OUT``).
 The requests go out with httpx: the schemathesis transport (requests) breaks under
 urllib3-future, which another package installs.
@@ -34,7 +34,7 @@ from schemathesis.core.parameters import ParameterLocation
 from schemathesis.specs.openapi.checks import ignored_auth, positive_data_acceptance
 
 pytestmark = pytest.mark.e2e
-EXAMPLES = int(os.environ.get("LLMLAB_FUZZ_EXAMPLES", "20"))
+EXAMPLES = int(os.environ.get("LLMLAB_FUZZ_EXAMPLES", "14"))
 # Every case carries a valid key (so that it reaches the handlers); the "invalid auth accepted"
 # check would read that as ignoring the generated one. Authentication is tested on its own (401
 # for missing, wrong and revoked keys on each API: test_failure_modes, test_admin_api, test_report).

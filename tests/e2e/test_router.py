@@ -221,6 +221,14 @@ async def test_shared_mode_gateways_route_on_each_others_decisions(stack: Stack)
     router = stack.router()
     a, b = stack.gateway(router="shared"), stack.gateway(router="shared")
     c = stack.gateway(router="service", env={"LLMLAB_GATEWAY_ROUTER_TIMEOUT_S": "5"})
+    # Every gateway has heard both workers before the first pair: a commit about a worker a gateway
+    # has not heard of yet is not counted (heartbeats come every 5 s here; a loaded CI host started
+    # the gateways between two of them, twice, and B then saw two idle workers).
+    await eventually(
+        lambda: all(metric(g, "llmlab_gateway_live_workers", pool="cpu-vllm") == 2 for g in (a, b, c)),
+        timeout=15,
+        what="every gateway sees both workers",
+    )
 
     # The second request of a pair leaves once A's commit is on the bus (plus 0.3 s for the other
     # gateway and the router to take it), not at a fixed delay: a loaded CI host once took longer
