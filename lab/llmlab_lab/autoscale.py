@@ -203,8 +203,7 @@ QUICK = DemoConfig(
 class Sample:
     t: float
     metric: float | None
-    desired: int
-    replicas: int  # workers started and not told to stop
+    desired: int  # = the workers started and not told to stop (the controller applies it at once)
     ready: int  # of those, answering /ready
 
 
@@ -310,7 +309,7 @@ async def run_demo(cfg: DemoConfig, command: str) -> dict[str, Any]:
                 for _ in range(len(active) - want):
                     drain_busiest()
                 ready = sum(1 for life, _ in workers if life.ready_at is not None and life.drain_at is None)
-                samples.append(Sample(round(now, 3), metric, want, want, ready))
+                samples.append(Sample(round(now, 3), metric, want, ready))
                 await asyncio.sleep(policy.polling_s)
 
         async def load(session: aiohttp.ClientSession) -> None:

@@ -24,7 +24,7 @@ from llmlab_common.settings import DEFAULT_CATALOG
 from llmlab_common.subjects import Topology
 from llmlab_lab import k8s
 
-from tests.infra.test_infra_files import SERVICES, infra_env_names, settings_class
+from tests.infra.test_infra_files import SERVICES, env_names, infra_env_names, settings_class
 
 pytestmark = pytest.mark.unit
 
@@ -118,8 +118,7 @@ def test_our_containers_run_a_module_whose_settings_read_every_llmlab_variable(
             env = _env(c, docs, secret="a" * 64)
             if "LLMLAB_REDIS_URL" in env:
                 env["LLMLAB_REDIS_URL"] = "redis://:password@redis:6379/0"
-            known = {f"{cls.model_config.get('env_prefix', '')}{f}".upper() for f in cls.model_fields}
-            known |= infra_env_names()
+            known = env_names(cls) | infra_env_names()
             unknown = sorted(k for k in env if k.startswith("LLMLAB_") and k not in known)
             assert not unknown, f"{workload}/{c['name']} sets variables {module} does not read: {unknown}"
             for var in [v for v in os.environ if v.startswith("LLMLAB_")]:
