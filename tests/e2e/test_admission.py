@@ -67,18 +67,22 @@ async def test_a_predicted_wait_over_the_bound_is_refused_at_once(stack: Stack) 
 async def test_a_higher_plan_priority_takes_the_saturated_workers_next_slot(stack: Stack) -> None:
     """Catches: plan priority that changes nothing (one FIFO queue): an enterprise request queued
     behind three free-plan ones on a saturated worker goes next, before them."""
-    sim = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=20, output_len=25)  # about 0.5 s an attempt
+    # The first request holds the only slot for about 4 s (200 tokens), long enough to see the
+    # others queue on a loaded host (CI once missed a 0.5 s window); they take 0.5 s each (25 tokens).
+    sim = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=20, output_len=200)
     w = stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1)
     admin = BudgetAdmin(url(stack.budget()))
     gw = stack.gateway(auth="budget", queue_timeout_s=30)
     free, enterprise = admin.provision("free"), admin.provision("enterprise")
     done: list[str] = []
 
-    async def ask(api_key: str, name: str) -> None:
-        await client(gw, api_key).chat.completions.create(model=LLAMA, messages=HELLO, timeout=60)
+    async def ask(api_key: str, name: str, max_tokens: int = 25) -> None:
+        await client(gw, api_key).chat.completions.create(
+            model=LLAMA, messages=HELLO, max_tokens=max_tokens, timeout=60
+        )
         done.append(name)
 
-    running = asyncio.create_task(ask(free.api_key, "running"))
+    running = asyncio.create_task(ask(free.api_key, "running", max_tokens=200))
     await eventually(lambda: metric(w, "llmlab_worker_in_flight_requests") == 1, what="the worker busy")
     low = [asyncio.create_task(ask(free.api_key, f"free-{i}")) for i in range(3)]
     await eventually(

@@ -120,7 +120,9 @@ async def test_worker_killed_mid_stream_is_continued_by_real_vllm(stack: Stack, 
     body = {
         "model": SERVED_NAME,
         "messages": [{"role": "user", "content": "Write a long story about a cat."}],
-        "max_tokens": 48,
+        # Long enough that the stream still runs once the test has found its worker and counted
+        # 6 chunks: CI once found no worker holding a 48-token answer (it had finished).
+        "max_tokens": 96,
         "temperature": 0,
         # No end-of-text (SmolLM2's ids 0-2): the answer runs to max_tokens, so the count is exact.
         "logit_bias": {"0": -100, "1": -100, "2": -100},
@@ -131,7 +133,7 @@ async def test_worker_killed_mid_stream_is_continued_by_real_vllm(stack: Stack, 
     assert len(set(got.ids)) == 1 and got.finishes == ["length"]
     assert metric(gw, "llmlab_gateway_stream_resumes_total", status="200") == 1
     # Every token the client received counted once: the continuation was asked for what was left.
-    assert got.usage["completion_tokens"] == ref.usage["completion_tokens"] == 48
+    assert got.usage["completion_tokens"] == ref.usage["completion_tokens"] == 96
     # The original prompt, up to vLLM re-tokenizing the delivered text at its boundary.
     assert abs(got.usage["prompt_tokens"] - ref.usage["prompt_tokens"]) <= 2, (got.usage, ref.usage)
     assert len(got.pieces) > before

@@ -93,6 +93,11 @@ class Capacity:
             self.free = min(self.total, self.free + n)
             self._cond.notify_all()
 
+    async def recheck(self) -> None:
+        """Wake the waiters to look again: a held count fell without a slot changing hands."""
+        async with self._cond:
+            self._cond.notify_all()
+
 
 class PullFeeder(InboxPull):
     """One consumer's lingering pull, refilled as capacity frees.
@@ -198,6 +203,17 @@ class PullFeeder(InboxPull):
             self._remaining -= 1
             return True
         return False
+
+    async def _on_msg(self, msg: Msg) -> None:
+        try:
+            await super()._on_msg(msg)
+        finally:
+            if not self.reserve_slots:
+                # What this feeder held counted ahead of lower takers (Capacity.watch_held) until
+                # its callback ran; a status message (a pull's 408) or a message handed back takes
+                # no slot, so nobody else would wake: an idle worker's pool feeder then waited
+                # for a release that never came while its queue filled (CI of 2026-12-06).
+                await self.capacity.recheck()
 
     def on_end(self, status: str) -> None:
         log.debug("pull status %s on %s (remaining %d)", status, self.next_subject, self._remaining)

@@ -243,6 +243,36 @@ async def test_prefetched_messages_keep_their_place_before_lower_levels() -> Non
     assert await asyncio.wait_for(pool, 1) == 1
 
 
+async def test_a_status_message_a_feeder_held_does_not_leave_the_pool_feeder_waiting() -> None:
+    """Catches: the pool feeder of an idle worker waiting forever. A slot freed while a prefetching
+    feeder held a message (here a pull's 408) stays for it; once that message is handled and takes
+    no slot, the pool feeder must look again (CI of 2026-12-06: a queued request waited 30 s)."""
+    from types import SimpleNamespace
+
+    from llmlab_worker.pull import Capacity, PullFeeder
+
+    cap = Capacity(1)
+    assert cap.try_take()
+
+    async def handler(msg: object, held_slot: bool) -> None:
+        raise AssertionError("a status message never reaches the handler")
+
+    nc = SimpleNamespace(new_inbox=lambda: "_INBOX.t")
+    feeder = PullFeeder(nc, "S", "C", cap, handler, max_batch=1, expires_s=2.0, reserve_slots=False)  # type: ignore[arg-type]
+    sub = SimpleNamespace(pending_msgs=1)  # the 408 is queued for the feeder's callback
+    feeder._sub = sub  # type: ignore[assignment]
+    cap.watch_held(4, feeder.held)
+    pool = asyncio.create_task(cap.take_up_to(5))
+    await cap.release(1)
+    await asyncio.sleep(0.01)
+    assert not pool.done()  # the freed slot waits for what the priority feeder holds
+    sub.pending_msgs = 0
+    await feeder._on_msg(SimpleNamespace(headers={"Status": "408"}, data=b""))  # type: ignore[arg-type]
+    await asyncio.wait({pool}, timeout=1)
+    assert pool.done(), "the pool feeder still waits with a free slot and nothing held"
+    assert pool.result() == 1
+
+
 class _RecordingNats:
     def __init__(self) -> None:
         self.published: list[tuple[float, str]] = []
