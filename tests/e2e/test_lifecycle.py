@@ -60,6 +60,34 @@ async def test_sigterm_drains_a_worker_without_cutting_its_stream(stack: Stack) 
     assert "drained" in w.logs() and "Traceback" not in w.logs()
 
 
+async def test_a_scale_down_moves_what_was_addressed_to_the_draining_workers(stack: Stack) -> None:
+    """Catches: a scale-down that fails requests (issue 18's demo: 503 "All 2 routes failed ...
+    worker lost"), and one that holds them until the drain ends. A request addressed to a busy
+    worker, with the pool's other busy worker as its fallback, waits in their own queues; both
+    drain: it moves to the pool at once, where a worker started since takes it, while the
+    draining workers still finish their answers."""
+    sim = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=20, output_len=150)  # about 3 s an answer
+    old = [stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, worker_id=f"old-{i}") for i in (1, 2)]
+    gw = stack.gateway(queue_timeout_s=30)
+    first = [asyncio.create_task(client(gw).chat.completions.create(model=LLAMA, messages=HELLO)) for _ in old]
+    await eventually(
+        lambda: all(metric(w, "llmlab_worker_in_flight_requests") == 1 for w in old), what="both workers busy"
+    )
+    late = asyncio.create_task(client(gw).chat.completions.create(model=LLAMA, messages=HELLO, max_tokens=5))
+    await eventually(lambda: metric(gw, "llmlab_gateway_queued_attempts") == 1, what="the third request queued")
+    stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, worker_id="new")
+    stoppers = [asyncio.create_task(asyncio.to_thread(w.stop, 15)) for w in old]
+    try:
+        r = await asyncio.wait_for(late, 20)
+    except openai.APIStatusError as exc:
+        pytest.fail(f"the request addressed to a draining worker failed: {exc}")
+    assert r.choices[0].finish_reason == "length"
+    assert not all(t.done() for t in first), "the moved request waited for the drains to end"
+    for t in first:
+        assert (await t).choices[0].finish_reason == "stop"
+    assert [await s for s in stoppers] in ([0, 0], [-15, -15], [0, -15], [-15, 0])
+
+
 async def test_long_generation_is_not_redelivered(stack: Stack) -> None:
     # ack_wait 1 s, generation ~3 s: in-progress acks keep JetStream from redelivering it.
     sim = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=30, output_len=100)

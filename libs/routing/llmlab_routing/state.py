@@ -162,6 +162,11 @@ class LiveState:
             return False
         return not instance_id or not w.hb.instance_id or w.hb.instance_id == instance_id
 
+    def draining(self, worker_id: str) -> bool:
+        """Its last heartbeat said it drains: it takes nothing more, even what was addressed to it."""
+        w = self.workers.get(worker_id)
+        return w is not None and w.hb.draining
+
     def ttl(self, worker_id: str) -> float:
         """How long this worker may stay silent before it counts as lost."""
         w = self.workers.get(worker_id)

@@ -107,6 +107,11 @@ class _Handle:
         # message itself (asyncio.timeout: about 4 us a wait).
         self._swept_from = 10 * sweep_interval_s
 
+    @property
+    def taken(self) -> bool:
+        """A worker has taken the attempt (it sent a stream message)."""
+        return self._inf.worker_id is not None or self._inf.next_seq > 0
+
     def next_nowait(self) -> AttemptMessage | None:
         q = self._inf.queue
         m = q.get_nowait() if not q.empty() else None
@@ -397,11 +402,16 @@ class NatsDispatcher:
                 # A worker addressed directly that dies before taking the attempt is lost too:
                 # its consumer would hold the message until the queue timeout otherwise.
                 wid = inf.worker_id or inf.target_worker
-                if not wid or inf.done or inf.lost_reported or self.registry.alive(wid, inf.worker_instance):
+                if not wid or inf.done or inf.lost_reported:
+                    continue
+                # Addressed to a worker that drains and not taken: it never will be (a draining
+                # worker pulls nothing), so it is lost now, not when the drain ends plus the TTL.
+                untaken_at_drainer = inf.worker_id is None and self.registry.draining(wid)
+                if not untaken_at_drainer and self.registry.alive(wid, inf.worker_instance):
                     continue
                 # Tokens still arriving prove the worker alive even when its heartbeats lag (an
                 # overloaded event loop); lost means silent on both for the heartbeat TTL.
-                if now - inf.last_msg_at > self.registry.ttl(wid):
+                if untaken_at_drainer or now - inf.last_msg_at > self.registry.ttl(wid):
                     inf.lost_reported = True
                     inf.queue.put_nowait(WorkerLost(inf.attempt, wid))
             self._table_size.set(len(self.inflight))

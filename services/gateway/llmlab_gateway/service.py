@@ -89,6 +89,11 @@ class AttemptHandle(Protocol):
         """The next message if one is already waiting, else None."""
         ...
 
+    @property
+    def taken(self) -> bool:
+        """A worker has taken the attempt."""
+        ...
+
 
 class Router(Protocol):
     """Where a request's target chain comes from (the router service, or the same core in-process)."""
@@ -425,7 +430,11 @@ class CompletionService:
         failures: list[str] = []
         previous: str | None = None
         attempt = 0
-        for target in targets:
+        moved: str | None = None  # why the last attempt moved to its pool, when it did
+        i = 0
+        while i < len(targets):
+            target = targets[i]
+            i += 1
             dep = self.catalog.deployment(target.deployment)
             if dep is None:  # the router knows a newer catalog than this gateway: skip, do not guess
                 failures.append(f"{target.deployment}: not in this gateway's catalog")
@@ -442,7 +451,7 @@ class CompletionService:
                 policy=reply.policy,
                 policy_version=reply.policy_version,
                 position=attempt,
-                reason=reply.reason if attempt == 1 else f"fallback after {previous}: {failures[-1]}",
+                reason=reply.reason if attempt == 1 else moved or f"fallback after {previous}: {failures[-1]}",
                 fallback_from=previous,
                 slo_class=reply.slo_class,
                 prompt_hash=ctx.prompt_hash,
@@ -457,6 +466,15 @@ class CompletionService:
             assert err is not None
             if not err.retryable:
                 raise err
+            moved = None
+            if err.code == Code.WORKER_LOST and target.worker_id is not None and not handle.taken:
+                # Addressed to a worker that drained or died before taking it: nothing ran, so the
+                # same deployment's pool gets it next, before any fallback (a scale-down drains
+                # several workers at once, and a chain of them would otherwise all fail: 503).
+                moved = f"moved to pool {target.pool}: worker {target.worker_id} left before taking it"
+                log.info("attempt %d %s", attempt, moved)
+                targets.insert(i, RouteTarget(deployment=target.deployment, pool=target.pool))
+                continue
             # The client's message names deployments (public: X-LLMLab-Deployment), never workers.
             failures.append(f"{target.deployment}: {err.message}")
             previous = target.deployment

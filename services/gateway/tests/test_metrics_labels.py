@@ -75,6 +75,7 @@ def test_label_fallbacks_keep_every_value_in_the_catalog_or_the_code_enum() -> N
 class _Handle:
     attempt: int
     script: list[Any]
+    taken: bool = True
 
     def next_nowait(self) -> Any:
         return None

@@ -48,17 +48,23 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 class _Handle:
     attempt: int
     script: list[AttemptMessage | None]
+    taken: bool = False  # a worker's message came (as the dispatcher's handle: any stream message)
+
+    def _pop(self) -> AttemptMessage | None:
+        m = self.script.pop(0)
+        self.taken = self.taken or isinstance(m, StreamStarted | TokenChunk | StreamEnd)
+        return m
 
     def next_nowait(self) -> AttemptMessage | None:
         if self.script and self.script[0] is not None:
-            return self.script.pop(0)
+            return self._pop()
         return None
 
     async def next(self, timeout: float) -> AttemptMessage | None:
         if not self.script:
             await asyncio.sleep(min(timeout, 0.01))
             return None
-        return self.script.pop(0)
+        return self._pop()
 
 
 @dataclass
@@ -221,6 +227,29 @@ async def test_single_worker_retries_through_its_pool_then_another_deployment() 
     assert len({t.deployment for t in d.targets}) == 2 and opened.attempts == 3
     assert [e.outcome for e in d.attempt_events] == ["worker_lost", "abandoned"]
     assert d.dispatched[2].route and d.dispatched[2].route.fallback_from == d.targets[0].deployment
+
+
+async def test_an_attempt_its_worker_left_before_taking_moves_to_the_pool() -> None:
+    """Catches: a scale-down that fails requests (issue 18's demo: 503 "All 2 routes failed ...
+    worker lost"): attempts addressed to workers that drained without taking them go to the same
+    deployment's pool, not down a chain of other draining workers."""
+    untaken = [WorkerLost(a, "w") for a in (1, 2)]
+    ok = [_started(3, "w9"), _tok(3, 1, "x"), _end(3, 2)]
+    d = FakeDispatcher(workers=3, scripts=[[untaken[0]], [untaken[1]], list(ok)])
+    try:
+        opened = await _service(d).open(_ctx())
+    except ServiceUnavailable as exc:
+        pytest.fail(f"the untaken attempts were not moved: {exc.message}")
+    assert await _drain(opened) == ["x"]
+    first, second, third = d.targets
+    assert first.worker_id and second.worker_id is None and second.pool == first.pool
+    assert third.worker_id and third.worker_id != first.worker_id  # the chain goes on after the pool
+    assert d.dispatched[1].route and d.dispatched[1].route.reason.startswith("moved to pool")
+    # Taken and then lost is a failure of that route, as before: the next target, not the pool.
+    d = FakeDispatcher(workers=3, scripts=[[_started(1), WorkerLost(1, "w")], list(ok)])
+    opened = await _service(d).open(_ctx())
+    assert await _drain(opened) == ["x"]
+    assert all(t.worker_id for t in d.targets)
 
 
 async def test_route_carries_a_prompt_hash_equal_for_equal_prompts() -> None:
