@@ -75,3 +75,4 @@ class Code(StrEnum):
     CLIENT_DISCONNECTED = "client_disconnected"
     GATEWAY_ABORT = "gateway_abort"
     RETRY = "retry"  # the gateway moved the request to another target
+    STALE_STREAM = "stale_stream"  # its stream still came, unread: the earlier cancel was lost

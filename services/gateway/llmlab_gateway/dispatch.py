@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmlab_common.codes import Code
 from llmlab_common.errors import PayloadTooLarge
 from llmlab_common.messages import (
     STREAM_MESSAGE,
@@ -50,6 +51,9 @@ from pydantic import ValidationError
 from llmlab_gateway.service import AttemptMessage, StreamGap, WorkerLost
 
 log = logging.getLogger(__name__)
+
+RECANCEL_EVERY_S = 1.0  # a stream nobody reads is cancelled again at most this often
+RECANCEL_TABLE = 4096  # streams remembered for that; more at once are not cancelled again
 
 
 @dataclass
@@ -196,6 +200,8 @@ class NatsDispatcher:
             "gateway_dispatch_table_entries", "Requests with an attempt this gateway dispatched and has not released"
         )
         self._batch_subject = topo.token_batch_subject(gateway_id)
+        # Streams nobody reads, cancelled again: (request, attempt) -> when the next cancel may go.
+        self._recancel_at: dict[tuple[str, int | None], float] = {}
 
     async def start(self) -> None:
         await self.nc.subscribe(
@@ -334,14 +340,14 @@ class NatsDispatcher:
                     continue
                 inf = self.inflight.get(m.request_id)
                 if inf is None:
-                    self.stale.inc()
+                    self._unread(m.request_id, m.attempt, m)
                     continue
                 self._deliver(inf, m)
             return
         request_id = msg.subject.rsplit(".", 1)[-1]
         inf = self.inflight.get(request_id)
         if inf is None:
-            self.stale.inc()
+            self._unread(request_id, None, None)
             return
         try:
             m = STREAM_MESSAGE.validate_json(msg.data)
@@ -353,7 +359,7 @@ class NatsDispatcher:
     def _deliver(self, inf: _Inflight, m: StreamStarted | TokenChunk | StreamEnd | StreamError) -> None:
         """Fence (attempt), order (sequence) and queue one stream message for its request."""
         if m.attempt != inf.attempt:
-            self.stale.inc()  # a stale attempt never writes into the client's stream
+            self._unread(m.request_id, m.attempt, m)  # a stale attempt never writes into the client's stream
             return
         _taken(inf)  # any message of the attempt: a worker has it
         if m.seq != inf.next_seq:
@@ -370,6 +376,25 @@ class NatsDispatcher:
         inf.queue.put_nowait(m)
         if isinstance(m, StreamEnd | StreamError):
             inf.done = True
+
+    def _unread(self, request_id: str, attempt: int | None, m: AttemptMessage | None) -> None:
+        """A stream message nobody will read (the request ended here, or an older attempt). While
+        it still generates, cancel it again, at most once a second: a cancel is a core NATS
+        message, at most once, and one lost (a reconnect, a slow consumer cut off) would leave the
+        engine generating for nobody until the answer's end."""
+        self.stale.inc()
+        if isinstance(m, StreamEnd | StreamError):
+            return  # it ended
+        now = time.monotonic()
+        key = (request_id, attempt)
+        if self._recancel_at.get(key, 0.0) > now:
+            return
+        if len(self._recancel_at) >= RECANCEL_TABLE:
+            self._recancel_at = {k: t for k, t in self._recancel_at.items() if t > now}
+            if len(self._recancel_at) >= RECANCEL_TABLE:
+                return  # a flood of them: the ones already cancelled again are enough
+        self._recancel_at[key] = now + RECANCEL_EVERY_S
+        self.cancel(request_id, attempt, Code.STALE_STREAM)
 
     async def _on_alive(self, msg: Msg) -> None:
         try:

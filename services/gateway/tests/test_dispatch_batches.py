@@ -27,9 +27,13 @@ class FakeMsg:
     data: bytes
 
 
+async def _dropped(subject: str, payload: bytes) -> None:
+    return None
+
+
 def _dispatcher() -> NatsDispatcher:
     return NatsDispatcher(
-        cast(Any, SimpleNamespace(is_connected=True)),  # the sweeper reads only this
+        cast(Any, SimpleNamespace(is_connected=True, publish=_dropped)),  # the sweeper reads is_connected
         cast(Any, None),
         T,
         "gw1",
@@ -213,3 +217,38 @@ async def test_a_reconnection_to_nats_starts_discovery_again() -> None:
     assert 0.25 <= time.monotonic() - t0 < 1.0
     await d.wait_discovery()  # once: the grace has passed
     assert d.discovery_done() and time.monotonic() - t0 < 1.0
+
+
+async def test_a_stream_nobody_reads_is_cancelled_again_at_most_once_a_second() -> None:
+    """Catches: a lost cancel (core NATS, at most once) leaving an engine generating for nobody
+    until the answer's end: the gateway cancels again what keeps streaming to it unread."""
+    import asyncio
+
+    from llmlab_common.messages import CancelRequest
+
+    sent: list[CancelRequest] = []
+
+    async def publish(subject: str, payload: bytes) -> None:
+        assert subject == T.cancel_subject
+        sent.append(CancelRequest.model_validate_json(payload))
+
+    d = _dispatcher()
+    d.nc = cast(Any, SimpleNamespace(is_connected=True, publish=publish))
+    d.inflight["live"] = _Inflight(attempt=2)
+    batch = join_batch([_chunk("gone", 1, 5, "a"), _chunk("live", 1, 9, "old attempt"), _chunk("gone", 1, 6, "b")])
+    await d._on_token(cast(Any, FakeMsg(T.token_batch_subject("gw1"), batch)))
+    await d._on_token(cast(Any, FakeMsg(T.token_subject("gw1", "gone2"), _chunk("gone2", 3, 1, "c"))))
+    await asyncio.sleep(0)
+    assert sorted((c.request_id, c.attempt, c.reason) for c in sent) == [
+        ("gone", 1, "stale_stream"),
+        ("gone2", None, "stale_stream"),
+        ("live", 1, "stale_stream"),  # the old attempt only, never the one the client reads
+    ]
+    # Within the second: counted, not cancelled again; after it, cancelled again.
+    await d._on_token(cast(Any, FakeMsg(T.token_batch_subject("gw1"), batch)))
+    await asyncio.sleep(0)
+    assert len(sent) == 3
+    d._recancel_at = {k: time.monotonic() - 1 for k in d._recancel_at}
+    await d._on_token(cast(Any, FakeMsg(T.token_batch_subject("gw1"), batch)))
+    await asyncio.sleep(0)
+    assert len(sent) == 5
