@@ -13,12 +13,6 @@ from llmlab_lab import autoscale
 pytestmark = [pytest.mark.e2e]
 
 
-@pytest.mark.skip(
-    reason="issue 18, open bug: scale-down can fail requests (a re-run on 2026-12-06 had 7 of 94 answered 503 "
-    "'All 2 routes failed before the first token: ... worker lost' while workers drained), and in the full demo "
-    "the backlog grew during the low load with free slots (results/autoscale/20261206T013534Z/NOTE.md); "
-    "this test fails on the first until both are fixed"
-)
 @pytest.mark.timeout(240)
 def test_a_burst_scales_up_and_the_silence_back_to_one_without_losing_a_stream(tmp_path: Path) -> None:
     assert autoscale.main(["--quick", "--out", str(tmp_path)]) == 0
