@@ -2,7 +2,7 @@
 controller that reads the same metric from a real Prometheus and applies the same rules as the
 Kubernetes HPA that KEDA drives (target per worker, min/max, the scale-up and scale-down
 behaviour), by starting worker processes and draining them (SIGTERM) against the engine
-simulator, under a burst and then silence.
+simulator, under a burst, a low load, a ramp and a low load again.
 
     python -m llmlab_lab.autoscale                    # make autoscale-demo -> results/autoscale/<UTC>/
     python -m llmlab_lab.autoscale --quick            # the CI-sized run (tests)
@@ -169,6 +169,16 @@ class Phase:
     name: str
     seconds: float
     rate: float  # new requests per second (open loop: arrivals do not wait for answers)
+    rate_end: float | None = None  # a ramp: the rate goes linearly from ``rate`` to this
+
+    def rate_at(self, elapsed: float) -> float:
+        if self.rate_end is None:
+            return self.rate
+        return self.rate + (self.rate_end - self.rate) * min(1.0, max(0.0, elapsed / self.seconds))
+
+    def describe(self) -> str:
+        rate = f"{self.rate}/s" if self.rate_end is None else f"{self.rate} -> {self.rate_end}/s"
+        return f"{self.name} {rate} for {self.seconds:g}s"
 
 
 @dataclass(frozen=True)
@@ -185,16 +195,27 @@ class DemoConfig:
 FULL = DemoConfig(
     time_scale=0.05,
     slots=4,
-    # A 30 s burst, then a low load meant to last through the drains. In the committed run (and in
-    # one at 8 requests/s) the backlog grew during the low load although the workers had free slots
-    # and the CPU was mostly idle, so every drain came after the load: not understood yet (some
-    # requests waited tens of seconds, others were served at once); the CI-sized run does not show it.
-    phases=(Phase("warm", 5, 0.5), Phase("burst", 30, 5.0), Phase("low", 120, 2.0)),
+    # A 30 s burst, a low load that lasts through the drains, a 45 s ramp back up, then low again.
+    # (Until 2026-12-06 the backlog grew in the low phase beside free slots: a worker's freed slot
+    # stayed unused while a pull's 408 counted ahead of its waiters, fixed in llmlab_worker.pull.)
+    phases=(
+        Phase("warm", 5, 0.5),
+        Phase("burst", 30, 5.0),
+        Phase("low", 50, 2.0),
+        Phase("ramp", 45, 0.5, rate_end=5.0),
+        Phase("after", 50, 1.0),
+    ),
 )
 QUICK = DemoConfig(
     time_scale=0.01,
     slots=4,
-    phases=(Phase("warm", 2, 0.5), Phase("burst", 7, 8.0), Phase("low", 16, 2.5)),
+    phases=(
+        Phase("warm", 2, 0.5),
+        Phase("burst", 7, 8.0),
+        Phase("low", 8, 2.5),
+        Phase("ramp", 8, 0.5, rate_end=8.0),
+        Phase("after", 8, 2.5),
+    ),
     quick=True,
 )
 
@@ -234,10 +255,9 @@ async def run_demo(cfg: DemoConfig, command: str) -> dict[str, Any]:
     samples: list[Sample] = []
     records: list[RequestRecord] = []
     phase_starts: list[float] = []  # seconds since t0 at which each phase began
+    engines: dict[int, Any] = {}  # worker index -> its simulator process
     t0 = time.monotonic()
     try:
-        sim = stack.sim(ttft_ms=cfg.ttft_ms, itl_ms=cfg.itl_ms, max_num_seqs=512, output_len=cfg.max_tokens)
-        engine_url = f"http://127.0.0.1:{sim.port}"  # type: ignore[attr-defined]
         router = stack.router(env={"LLMLAB_ROUTER_QUEUE_PROBE_S": str(max(0.2, policy.polling_s / 2))})
         gateway = stack.gateway(
             auth="static",
@@ -250,10 +270,16 @@ async def run_demo(cfg: DemoConfig, command: str) -> dict[str, Any]:
 
         def start_worker() -> None:
             life = WorkerLife(len(workers), time.monotonic() - t0)
+            # One engine per worker, as one engine per GPU pod: workers behind one shared engine all
+            # report its running count, and the router cannot tell them apart by load.
+            sim = stack.sim(
+                ttft_ms=cfg.ttft_ms, itl_ms=cfg.itl_ms, max_num_seqs=64, output_len=cfg.max_tokens, wait=False
+            )
+            engines[life.index] = sim
             proc = stack.worker(
                 "vllm",
                 "gpu-vllm",
-                engine_url,
+                f"http://127.0.0.1:{sim.port}",  # type: ignore[attr-defined]
                 max_concurrency=cfg.slots,
                 heartbeat_s=0.5,
                 # Random ids, as pod names are: the router breaks ties by id, and ids that grew with
@@ -297,6 +323,7 @@ async def run_demo(cfg: DemoConfig, command: str) -> dict[str, Any]:
                         life.exited_at, life.exit_code = now, proc.proc.returncode
                         proc.stopped = True  # exited on its own after the drain: not a crash
                         log.info("t=%5.1fs  worker %d exited (%s)", now, life.index, life.exit_code)
+                        await asyncio.to_thread(engines[life.index].stop, 5)  # its pod is gone
                 try:
                     metric = await asyncio.to_thread(prom.value, policy.query)
                 except Exception as exc:
@@ -318,11 +345,10 @@ async def run_demo(cfg: DemoConfig, command: str) -> dict[str, Any]:
             for ph in cfg.phases:
                 end = time.monotonic() + ph.seconds
                 phase_starts.append(time.monotonic() - t0)
-                log.info(
-                    "t=%5.1fs  phase %s: %.1f requests/s for %.0fs", time.monotonic() - t0, ph.name, ph.rate, ph.seconds
-                )
+                log.info("t=%5.1fs  phase %s", time.monotonic() - t0, ph.describe())
                 while time.monotonic() < end:
-                    if ph.rate > 0:
+                    rate = ph.rate_at(ph.seconds - (end - time.monotonic()))
+                    if rate > 0:
                         rec = RequestRecord(index=index, stream=0, sent_at=0.0)
                         body = {
                             "model": "meta-llama/Llama-3.1-8B-Instruct",
@@ -334,7 +360,7 @@ async def run_demo(cfg: DemoConfig, command: str) -> dict[str, Any]:
                         records.append(rec)
                         tasks.append(asyncio.create_task(stream_request(session, url, body, rec, t0, 300, headers)))
                         index += 1
-                        await asyncio.sleep(1 / ph.rate)
+                        await asyncio.sleep(1 / rate)
                     else:
                         await asyncio.sleep(min(0.5, max(0.0, end - time.monotonic())))
             await asyncio.gather(*tasks)
@@ -406,10 +432,22 @@ def analyse(
     first_up = next((s.t for s in samples if s.desired > policy.min_replicas), None)
     peak_ready = next((s.t for s in samples if s.ready >= peak), None)
     drained = [w for w in workers if w.drain_at is not None]
-    phases_at = [
-        {"name": ph.name, "start_s": round(at, 1), "seconds": ph.seconds, "rate": ph.rate}
-        for ph, at in zip(cfg.phases, phase_starts, strict=True)
-    ]
+    phases_at = []
+    for i, (ph, at) in enumerate(zip(cfg.phases, phase_starts, strict=True)):
+        until = phase_starts[i + 1] if i + 1 < len(phase_starts) else math.inf
+        inside = [x.desired for x in samples if at <= x.t < until]
+        phases_at.append(
+            {
+                "name": ph.name,
+                "start_s": round(at, 1),
+                "seconds": ph.seconds,
+                "rate": ph.rate,
+                "rate_end": ph.rate_end,
+                # The workers the controller wanted as the phase began, and the most during it.
+                "workers_at_start": inside[0] if inside else None,
+                "workers_max": max(inside) if inside else None,
+            }
+        )
     final = samples[-1].desired if samples else None
     doc = {
         "label": "SIMULATED (engine simulator; the control loop is real, the GPUs are not)",
@@ -429,6 +467,7 @@ def analyse(
             "worker_start_to_ready_s": distribution_ms(
                 [w.ready_at - w.started_at for w in workers if w.ready_at is not None]
             ),
+            "workers_started": len(workers),
             "drained_workers": len(drained),
             # -15: uvicorn re-raises the SIGTERM once the drain is done (llmlab_common.runtime); -9 a kill.
             "drained_exit_codes": sorted({w.exit_code for w in drained if w.exit_code is not None}),
@@ -445,9 +484,9 @@ def analyse(
         "meta": metadata_block(
             started=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=duration),
             duration_s=duration,
-            engine="llmlab engine simulator (vLLM flavour) behind gateway -> NATS -> worker-vllm processes",
+            engine="one llmlab engine simulator (vLLM flavour) per worker-vllm process, behind gateway -> NATS",
             model_id="meta-llama/Llama-3.1-8B-Instruct (served name only)",
-            concurrency="open loop: " + ", ".join(f"{p.name} {p.rate}/s for {p.seconds}s" for p in cfg.phases),
+            concurrency="open loop: " + ", ".join(p.describe() for p in cfg.phases),
             warmup=f"the first phase ({cfg.phases[0].name})",
             prompt_dataset="one short chat message per request",
             input_length_distribution="~10 tokens",
@@ -469,8 +508,8 @@ def markdown(doc: dict[str, Any]) -> str:
         ("all peak workers ready after the burst began", f"{s['peak_ready_after_burst_s']} s"),
         ("worker start to ready (p50 / p95)", f"{start_ready['p50']} / {start_ready['p95']} ms"),
         (
-            "workers drained / exit codes / not exited",
-            f"{s['drained_workers']} / {s['drained_exit_codes']} / {s['drained_not_exited']}",
+            "workers started / drained / exit codes / not exited",
+            f"{s['workers_started']} / {s['drained_workers']} / {s['drained_exit_codes']} / {s['drained_not_exited']}",
         ),
         ("TTFT p50 / p95 / p99", f"{ttft['p50']} / {ttft['p95']} / {ttft['p99']} ms"),
         ("highest backlog (queued + running)", str(s["max_metric"])),
@@ -488,6 +527,15 @@ def markdown(doc: dict[str, Any]) -> str:
         "| figure | value |",
         "| --- | --- |",
         *(f"| {k} | {v} |" for k, v in rows),
+        "",
+        "| phase | starts at | requests/s | workers wanted as it began | most wanted during it |",
+        "| --- | --- | --- | --- | --- |",
+        *(
+            f"| {ph['name']} | {ph['start_s']} s | {ph['rate']}"
+            + (f" -> {ph['rate_end']}" if ph.get("rate_end") is not None else "")
+            + f" for {ph['seconds']:g} s | {ph.get('workers_at_start')} | {ph.get('workers_max')} |"
+            for ph in doc["phases"]
+        ),
         "",
         "What a GPU pod adds is not here: minutes of model download and load before it is ready (a",
         "simulator worker is ready in about a second), which the scale-up limit of 2 pods a minute is for.",

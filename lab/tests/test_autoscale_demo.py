@@ -24,7 +24,8 @@ def test_a_burst_scales_up_and_the_silence_back_to_one_without_losing_a_stream(t
     assert low == 1 and peak >= 3 and final == 1, s
     # Every worker that left drained and exited (-15: uvicorn re-raises the SIGTERM once the drain is
     # done), and some left while they still held streams: those finished (no failed or cut request).
-    assert s["drained_workers"] == peak - 1 and s["drained_not_exited"] == 0
+    # (The ramp may scale up again after a first scale-down: more than peak - 1 may leave.)
+    assert s["drained_workers"] == s["workers_started"] - final >= peak - 1 and s["drained_not_exited"] == 0
     assert set(s["drained_exit_codes"]) <= {0, -15}, s["drained_exit_codes"]
     assert s["drained_with_streams"] >= 1, s
     # Scale-up came while the burst lasted; the workers were ready within the run.

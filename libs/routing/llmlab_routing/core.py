@@ -120,7 +120,12 @@ class RouterCore:
             for hb, pending in zip(hbs, pendings, strict=True):
                 waiting = int(hb.load.waiting or 0)
                 running = int(hb.load.running or 0) + waiting
-                busy = (hb.in_flight if hb.in_flight > running else running) + pending
+                # What waits in the worker's own queues (addressed to it, not taken yet) is its load
+                # too: without it, workers whose engine counts tie (one engine behind several
+                # worker processes) kept getting requests in id order while the first one's queue
+                # grew (the autoscale demo of 2026-12-06: 46 waiting there, 7 workers idle).
+                backlog = sum(hb.addressed_by_priority) if hb.addressed_by_priority else 0
+                busy = (hb.in_flight if hb.in_flight > running else running) + backlog + pending
                 over = busy - hb.max_concurrency
                 workers.append(
                     WorkerView(

@@ -116,6 +116,24 @@ def test_engine_queue_and_overflow_count_as_queued_and_raise_the_ttft_estimate()
     assert view.est_ttft_s() == pytest.approx(0.25 * (1 + 9 / 8 + 4))
 
 
+def test_a_workers_own_queue_counts_as_its_load_where_engine_counts_tie() -> None:
+    """Catches: a worker whose own queue grows keeps getting requests (the autoscale demo of
+    2026-12-06: eight workers behind one engine all reported its running count, 4 of 4 slots, and the
+    tie went to the same id every time while 46 requests waited in that worker's queue)."""
+    rc = load_router_catalog(DEFAULT_CATALOG)
+    core = RouterCore(rc, clock=lambda: 1000.0)
+    for wid, backlog in (("a-first", 46), ("b-second", 0)):
+        beat = hb(wid, in_flight=4, slots=4).model_copy(update={"addressed_by_priority": [0, backlog, 0, 0]})
+        beat.load.running = 4  # the shared engine's count, the same in both heartbeats
+        core.state.on_heartbeat(beat, now=1000.0)
+    q = RouteQuery(request_id="r", model="meta-llama/Llama-3.1-8B-Instruct", prompt_tokens=10, max_output_tokens=10)
+    views = {w.worker_id: w for w in core.build_inputs(q).deployments[0].workers}
+    assert (views["a-first"].in_flight, views["a-first"].queued) == (4 + 46, 46)
+    assert (views["b-second"].in_flight, views["b-second"].queued) == (4, 0)
+    reply, _, _ = core.route(q)
+    assert reply.targets[0].worker_id == "b-second"
+
+
 def test_windows_kept_sorted_match_a_sort_of_what_is_left_after_expiry_and_overflow() -> None:
     """The window's p95 and failure rate, kept incrementally, against numpy over the samples that
     should remain: those within the window and, past the cap, only the newest."""
