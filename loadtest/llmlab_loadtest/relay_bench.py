@@ -598,6 +598,7 @@ BREAKDOWN_METRICS = {
     "gateway": {"gateway_accept_to_first_token_ms": "llmlab_gateway_ttft_seconds"},
     "worker": {
         "nats_queue_ms": "llmlab_worker_nats_queue_seconds",
+        "worker_intake_ms": "llmlab_worker_intake_seconds",  # the part of nats_queue inside the worker
         "engine_ttft_seen_by_worker_ms": "llmlab_worker_ttft_seconds",
     },
 }
@@ -1076,7 +1077,7 @@ def compare_level(runs: Sequence[Run], level: int) -> dict[str, Any]:
     out["failures"] = {mode: _failures([r for r in meas if r.mode == mode]) for mode in MODES}
     out["liveness"] = {mode: _liveness([r for r in meas if r.mode == mode]) for mode in MODES}
     legs: dict[str, float | None] = {}
-    for key in ("nats_queue_ms", "engine_ttft_seen_by_worker_ms", "gateway_accept_to_first_token_ms"):
+    for key in (*BREAKDOWN_METRICS["worker"], *BREAKDOWN_METRICS["gateway"]):
         vals = [float(v) for r in stack if (v := r.breakdown.get(key)) is not None]
         legs[key] = _r(_mean(vals), 2)
 
@@ -1386,7 +1387,8 @@ def analyse(comparisons: Sequence[dict[str, Any]], cores: int, heartbeat_s: floa
                 f"{b.get('direct_client_ttft_mean_ms') or 0:.0f}) = HTTP into the gateway and back out "
                 f"{b['client_ttft_mean_ms'] - b['gateway_accept_to_first_token_ms']:.0f} + gateway accepted -> first "
                 f"token {b['gateway_accept_to_first_token_ms']:.0f}, of which waiting in NATS (dispatch -> worker "
-                f"takes it) {b.get('nats_queue_ms') or 0:.0f} and the engine call to its first token "
+                f"takes it) {b.get('nats_queue_ms') or 0:.0f} (of it inside the worker, its handler to the attempt "
+                f"running: {b.get('worker_intake_ms') or 0:.0f}) and the engine call to its first token "
                 f"{b.get('engine_ttft_seen_by_worker_ms') or 0:.0f}."
             )
         fail = c["failures"]["stack"]

@@ -132,6 +132,8 @@ class WorkerMetrics:
             pool
         )
         self.nats_queue = hist("worker_nats_queue_seconds", "Dispatch to take: wait in NATS")
+        # The part of that wait spent inside this worker: a slot, then the event loop's turn.
+        self.intake = hist("worker_intake_seconds", "Message in the worker's handler to its attempt running")
         self.ttft = hist("worker_ttft_seconds", "Engine call to first token")
         self.itl = m.bulk_histogram(
             "worker_itl_seconds", "Every gap between two engine chunks", {"pool": pool}, ITL_BUCKETS
@@ -186,6 +188,7 @@ class _Running:
     task: asyncio.Task[None] | None = None
     last_progress: float = field(default_factory=time.monotonic)
     cancel_reason: str | None = None
+    received_at: float = 0.0  # monotonic: the message reached this worker's handler
 
 
 class Worker:
@@ -413,6 +416,7 @@ class Worker:
     async def _on_request(self, msg: Msg, held_slot: bool, level: int = 0) -> None:
         """One request message from a queue whose slot level is ``level`` (``2 × priority`` for the
         pool's, ``2 × priority + 1`` for this worker's own; see :class:`~llmlab_worker.pull.Capacity`)."""
+        received_at = time.monotonic()
         if self.draining or not self.engine_ready:
             # Someone else can run it now: hand it back without waiting for ack_wait.
             await msg.nak()
@@ -437,7 +441,7 @@ class Worker:
             )
             await self.capacity.release(1)
             return
-        run = _Running(req=req, msg=msg)
+        run = _Running(req=req, msg=msg, received_at=received_at)
         self.running[(req.request_id, req.attempt)] = run
         self.m.in_flight.set(len(self.running))
         run.task = asyncio.create_task(self._run(run), name=f"attempt:{req.request_id}:{req.attempt}")
@@ -474,6 +478,7 @@ class Worker:
         req, msg = run.req, run.msg
         token = request_id_var.set(req.request_id)
         t0 = time.monotonic()
+        self.m.intake.observe(t0 - run.received_at)
         try:
             result = await run_attempt(
                 self._attempt_ctx,
