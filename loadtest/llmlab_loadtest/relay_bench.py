@@ -598,7 +598,9 @@ BREAKDOWN_METRICS = {
     "gateway": {"gateway_accept_to_first_token_ms": "llmlab_gateway_ttft_seconds"},
     "worker": {
         "nats_queue_ms": "llmlab_worker_nats_queue_seconds",
-        "worker_intake_ms": "llmlab_worker_intake_seconds",  # the part of nats_queue inside the worker
+        # nats_queue's legs: stored in JetStream -> the worker's handler; the handler -> the attempt running
+        "jetstream_wait_ms": "llmlab_worker_jetstream_wait_seconds",
+        "worker_intake_ms": "llmlab_worker_intake_seconds",
         "engine_ttft_seen_by_worker_ms": "llmlab_worker_ttft_seconds",
     },
 }
@@ -1387,8 +1389,10 @@ def analyse(comparisons: Sequence[dict[str, Any]], cores: int, heartbeat_s: floa
                 f"{b.get('direct_client_ttft_mean_ms') or 0:.0f}) = HTTP into the gateway and back out "
                 f"{b['client_ttft_mean_ms'] - b['gateway_accept_to_first_token_ms']:.0f} + gateway accepted -> first "
                 f"token {b['gateway_accept_to_first_token_ms']:.0f}, of which waiting in NATS (dispatch -> worker "
-                f"takes it) {b.get('nats_queue_ms') or 0:.0f} (of it inside the worker, its handler to the attempt "
-                f"running: {b.get('worker_intake_ms') or 0:.0f}) and the engine call to its first token "
+                f"takes it) {b.get('nats_queue_ms') or 0:.0f} (of it: stored in JetStream -> the worker's handler "
+                f"{b.get('jetstream_wait_ms') or 0:.0f}, the handler -> the attempt running "
+                f"{b.get('worker_intake_ms') or 0:.0f}; the rest is the gateway's publish) and the engine call to its "
+                "first token "
                 f"{b.get('engine_ttft_seen_by_worker_ms') or 0:.0f}."
             )
         fail = c["failures"]["stack"]

@@ -98,6 +98,12 @@ async def test_long_generation_is_not_redelivered(stack: Stack) -> None:
     await asyncio.sleep(1.5)
     assert sim_stats(sim)["received"] == 1
     assert metric(w, "llmlab_worker_attempts_total") == 1
+    # The queue wait's legs, from the JetStream timestamp of the one delivery: one sample each, and
+    # neither longer than the whole wait.
+    whole = metric(w, "llmlab_worker_nats_queue_seconds_sum")
+    for leg in ("llmlab_worker_jetstream_wait_seconds", "llmlab_worker_intake_seconds"):
+        assert metric(w, leg + "_count") == 1
+        assert 0 <= metric(w, leg + "_sum") <= whole + 0.01, (leg, whole)
 
 
 async def test_events_one_per_attempt_and_one_per_refused_request(stack: Stack) -> None:

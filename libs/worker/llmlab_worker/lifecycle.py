@@ -132,7 +132,10 @@ class WorkerMetrics:
             pool
         )
         self.nats_queue = hist("worker_nats_queue_seconds", "Dispatch to take: wait in NATS")
-        # The part of that wait spent inside this worker: a slot, then the event loop's turn.
+        # Its legs: JetStream stored it -> this worker's handler has it (the wait for a pull, the
+        # delivery), and the handler -> the attempt running (a slot, then the event loop's turn).
+        # Dispatch -> stored, the rest, is the gateway's publish.
+        self.jetstream_wait = hist("worker_jetstream_wait_seconds", "JetStream stored the request to the handler")
         self.intake = hist("worker_intake_seconds", "Message in the worker's handler to its attempt running")
         self.ttft = hist("worker_ttft_seconds", "Engine call to first token")
         self.itl = m.bulk_histogram(
@@ -442,6 +445,9 @@ class Worker:
             await self.capacity.release(1)
             return
         run = _Running(req=req, msg=msg, received_at=received_at)
+        stored = getattr(msg.metadata, "timestamp", None)  # when JetStream stored it (wall clock)
+        if stored is not None:
+            self.m.jetstream_wait.observe(max(0.0, time.time() - stored.timestamp()))
         self.running[(req.request_id, req.attempt)] = run
         self.m.in_flight.set(len(self.running))
         run.task = asyncio.create_task(self._run(run), name=f"attempt:{req.request_id}:{req.attempt}")

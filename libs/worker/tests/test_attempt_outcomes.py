@@ -311,6 +311,8 @@ async def test_an_attempt_is_counted_under_its_pool_with_one_itl_per_gap() -> No
     assert s['llmlab_worker_completion_tokens_total{pool="gpu-sglang"}'] == 3
     assert s['llmlab_worker_tpot_seconds_count{pool="gpu-sglang"}'] == 1
     assert s['llmlab_worker_intake_seconds_count{pool="gpu-sglang"}'] == 1  # handler -> attempt running
+    # The fake message has no JetStream timestamp: that leg is not guessed.
+    assert s['llmlab_worker_jetstream_wait_seconds_count{pool="gpu-sglang"}'] == 0
     assert [k for k in s if k.startswith("llmlab_worker_") and 'pool="gpu-sglang"' not in k] == []
 
 
