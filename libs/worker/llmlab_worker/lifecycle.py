@@ -47,10 +47,9 @@ log = logging.getLogger(__name__)
 
 CANCEL_MEMORY_S = 600.0  # remember cancels of not-yet-pulled attempts this long
 SERVICE_WINDOW = 64  # the heartbeat's mean service time is over the last this many attempts
-# Messages a queue pulled without reserved slots may hold here waiting for one, beyond the slots
-# free when it pulled (PullFeeder.burst): the worker's own queue of priority 0 up to 4 (at most a
-# sixteenth of the slots), a higher priority's up to 16 (a quarter). Heartbeats count them with the
-# worker's own queue.
+# Messages a queue pulled without reserved slots may hold here waiting for one: the worker's own
+# queue of priority 0 up to 4 (at most a sixteenth of the slots), a higher priority's up to 16
+# (a quarter). Heartbeats count them with the worker's own queue.
 PREFETCH = 4
 PREFETCH_HIGH = 16
 
@@ -305,8 +304,6 @@ class Worker:
                 max_batch=max(1, prefetch),
                 expires_s=s.pull_expires_s,
                 reserve_slots=False,
-                level=level,
-                burst=min(256, s.max_concurrency),
             )
             self.capacity.watch_held(level, f.held)
             return f

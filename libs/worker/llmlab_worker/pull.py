@@ -60,10 +60,6 @@ class Capacity:
         """Messages that go before a taker at ``level`` (None: the pool feeder, after all of them)."""
         return sum(n for lv, n in self.waiting_by_level().items() if level is None or lv > level)
 
-    def spare(self, level: int | None) -> int:
-        """Free slots a taker at ``level`` would get now (nobody ahead of it wants them)."""
-        return max(0, self.free - self._ahead(level))
-
     async def take_up_to(self, n: int, level: int | None = None) -> int:
         """Take up to ``n`` free slots (at least one, waiting for it): the pool feeder's reservation
         (``level`` None), or one message's slot at its level."""
@@ -107,10 +103,8 @@ class PullFeeder(InboxPull):
     """One consumer's lingering pull, refilled as capacity frees.
 
     ``reserve_slots`` False (the priority queues and the per-worker ones): pull up to ``max_batch``
-    messages without reserving, plus up to ``burst`` more while that many slots are free for this
-    ``level`` (they run at once: a burst of 1,000 requests is not taken 16 per pull round trip, which
-    was most of the 1,000-stream run's queue wait); the handler finds each a slot itself, one after
-    the other (see :meth:`steal_reserved`).
+    messages without reserving; the handler finds each a slot itself, one after the other (see
+    :meth:`steal_reserved`), so at most ``max_batch`` messages of the queue wait here.
     """
 
     def __init__(
@@ -125,15 +119,11 @@ class PullFeeder(InboxPull):
         expires_s: float,
         reserve_slots: bool = True,
         api_prefix: str = "$JS.API",
-        level: int | None = None,
-        burst: int = 0,
     ) -> None:
         super().__init__(nc, stream, consumer, api_prefix)
         self.capacity = capacity
         self.handler = handler
         self.max_batch = max_batch
-        self.level = level
-        self.burst = burst
         self.expires_s = expires_s
         self.reserve_slots = reserve_slots
         self._remaining = 0
@@ -180,10 +170,7 @@ class PullFeeder(InboxPull):
     async def _loop(self) -> None:
         while not self._stopping:
             await self.gate.wait()
-            if self.reserve_slots:
-                k = await self.capacity.take_up_to(self.max_batch)
-            else:
-                k = self.max_batch + min(self.burst, self.capacity.spare(self.level))
+            k = await self.capacity.take_up_to(self.max_batch) if self.reserve_slots else self.max_batch
             self._remaining = self._open_left = k
             self._done.clear()
             try:

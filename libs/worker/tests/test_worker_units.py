@@ -273,39 +273,6 @@ async def test_a_status_message_a_feeder_held_does_not_leave_the_pool_feeder_wai
     assert pool.result() == 1
 
 
-async def test_a_prefetching_feeder_pulls_its_allowance_plus_the_free_slots() -> None:
-    """Catches: a burst taken prefetch-sized pull by pull (16 messages per round trip through a busy
-    event loop: most of the 1,000-stream run's queue wait), and a feeder that pulls past the free
-    slots more than its allowance."""
-    import json
-    from types import SimpleNamespace
-
-    from llmlab_worker.pull import Capacity, PullFeeder
-
-    asked: list[int] = []
-
-    async def publish(subject: str, payload: bytes, reply: str = "") -> None:
-        asked.append(json.loads(payload)["batch"])
-
-    async def handler(msg: object, held_slot: bool) -> None: ...
-
-    cap = Capacity(100)
-    assert await cap.take_up_to(30) == 30  # the pool feeder's reservation
-    cap.watch_held(5, lambda: 10)  # a higher queue holds 10: not this feeder's to take
-    nc = SimpleNamespace(new_inbox=lambda: "_INBOX.t", publish=publish)
-    feeder = PullFeeder(nc, "S", "C", cap, handler, max_batch=16, expires_s=60, reserve_slots=False, level=3, burst=256)  # type: ignore[arg-type]
-    loop = asyncio.create_task(feeder._loop())
-    await asyncio.sleep(0.01)
-    assert asked == [16 + (100 - 30 - 10)]
-    feeder.on_end("408")  # the pull ends; now every slot is taken
-    while cap.try_take(level=9):
-        pass
-    await asyncio.sleep(0.01)
-    assert asked == [76, 16]  # the allowance only
-    loop.cancel()
-    await asyncio.gather(loop, return_exceptions=True)
-
-
 class _RecordingNats:
     def __init__(self) -> None:
         self.published: list[tuple[float, str]] = []
