@@ -535,6 +535,7 @@ class Run:
     # (cumulative (le, count) buckets), the router service's timeouts/fallbacks seen by the
     # gateway, and the gateway's answers by HTTP status.
     queue_buckets: list[tuple[float, float]] = field(default_factory=list)
+    loop_lag_buckets: list[tuple[float, float]] = field(default_factory=list)  # the worker's event loop
     router_fallbacks: dict[str, float] = field(default_factory=dict)
     statuses: dict[str, float] = field(default_factory=dict)
 
@@ -588,6 +589,7 @@ class Run:
             "raw_path": self.raw_path,
             "profiled": self.profiled,
             "queue_buckets": [[le if le != float("inf") else "+Inf", n] for le, n in self.queue_buckets],
+            "loop_lag_buckets": [[le if le != float("inf") else "+Inf", n] for le, n in self.loop_lag_buckets],
             "router_fallbacks": self.router_fallbacks,
             "gateway_statuses": self.statuses,
         }
@@ -939,6 +941,7 @@ class Bench:
             gd = promscrape.delta(scraped["gateway"], after["gateway"])
             wd = promscrape.delta(scraped["worker"], after["worker"])
             run.queue_buckets = promscrape.buckets(wd, "llmlab_worker_nats_queue_seconds")
+            run.loop_lag_buckets = promscrape.buckets(wd, "llmlab_worker_event_loop_lag_seconds")
             run.router_fallbacks = {
                 k: n for k, n in promscrape.by_label(gd, "llmlab_gateway_router_fallbacks_total", "why").items() if n
             }
@@ -1099,11 +1102,14 @@ def dataplane_figures(stack_runs: Sequence[Run]) -> dict[str, Any]:
     gateway refused (any answer but 200; their CPU is in the per-token figures, so a level with
     refusals misses its targets)."""
     merged: dict[float, float] = {}
+    lag: dict[float, float] = {}
     fallbacks: dict[str, float] = {}
     refused = 0.0
     for r in stack_runs:
         for le, n in r.queue_buckets:
             merged[le] = merged.get(le, 0.0) + n
+        for le, n in r.loop_lag_buckets:
+            lag[le] = lag.get(le, 0.0) + n
         for why, n in r.router_fallbacks.items():
             fallbacks[why] = fallbacks.get(why, 0.0) + n
         refused += sum(n for status, n in r.statuses.items() if status != "200")
@@ -1111,6 +1117,7 @@ def dataplane_figures(stack_runs: Sequence[Run]) -> dict[str, Any]:
     return {
         "queue_wait_ms": promscrape.percentiles_ms(cum),
         "queue_wait_samples": int(cum[-1][1]) if cum else 0,
+        "worker_loop_lag_ms": promscrape.percentiles_ms(sorted(lag.items())),
         "router_fallbacks": {k: int(v) for k, v in fallbacks.items()},
         "router_timeouts": int(sum(v for k, v in fallbacks.items() if "timeout" in k.lower())),
         "refused": int(refused),
@@ -1630,17 +1637,19 @@ def render_markdown(doc: dict[str, Any]) -> str:
         "NATS queue wait: the worker's dispatch-to-take histogram over the measured runs (PromQL interpolation "
         "inside a bucket). Refused: answers other than 200; their CPU is inside the CPU figures below.",
         "",
-        "| streams | queue wait p50 / p95 / p99 (ms) | samples | router timeouts | router fallbacks | refused | "
-        "CPU µs per engine token (gateway, worker) |",
-        "|---:|---|---:|---:|---|---:|---|",
+        "| streams | queue wait p50 / p95 / p99 (ms) | samples | worker event-loop lag p50 / p99 (ms) | "
+        "router timeouts | router fallbacks | refused | CPU µs per engine token (gateway, worker) |",
+        "|---:|---|---:|---|---:|---|---:|---|",
     ]
     for c in comps:
         dp = c.get("dataplane") or {}
         q = dp.get("queue_wait_ms") or {}
+        lag = dp.get("worker_loop_lag_ms") or {}
         cpu = c["cpu_us_per_token"]["stack"]
         out.append(
             f"| {c['level']} | {f(q.get('p50'))} / {f(q.get('p95'))} / {f(q.get('p99'))} | "
-            f"{dp.get('queue_wait_samples', '—')} | {dp.get('router_timeouts', '—')} | "
+            f"{dp.get('queue_wait_samples', '—')} | {f(lag.get('p50'))} / {f(lag.get('p99'))} | "
+            f"{dp.get('router_timeouts', '—')} | "
             f"{json.dumps(dp.get('router_fallbacks', {}))} | {dp.get('refused', '—')} | "
             f"{f(cpu.get('gateway'))}, {f(cpu.get('worker'))} |"
         )

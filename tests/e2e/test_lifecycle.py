@@ -104,6 +104,8 @@ async def test_long_generation_is_not_redelivered(stack: Stack) -> None:
     for leg in ("llmlab_worker_jetstream_wait_seconds", "llmlab_worker_intake_seconds"):
         assert metric(w, leg + "_count") == 1
         assert 0 <= metric(w, leg + "_sum") <= whole + 0.01, (leg, whole)
+    # The event-loop probe fires every 0.1 s: a few seconds of life give it dozens of samples.
+    assert metric(w, "llmlab_worker_event_loop_lag_seconds_count") >= 10
 
 
 async def test_events_one_per_attempt_and_one_per_refused_request(stack: Stack) -> None:

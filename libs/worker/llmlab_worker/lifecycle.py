@@ -51,6 +51,7 @@ SERVICE_WINDOW = 64  # the heartbeat's mean service time is over the last this m
 # queue of priority 0 up to 4 (at most a sixteenth of the slots), a higher priority's up to 16
 # (a quarter). Heartbeats count them with the worker's own queue.
 PREFETCH = 4
+LOOP_LAG_PROBE_S = 0.1
 PREFETCH_HIGH = 16
 
 
@@ -137,6 +138,10 @@ class WorkerMetrics:
         # Dispatch -> stored, the rest, is the gateway's publish.
         self.jetstream_wait = hist("worker_jetstream_wait_seconds", "JetStream stored the request to the handler")
         self.intake = hist("worker_intake_seconds", "Message in the worker's handler to its attempt running")
+        # How late a timer fires: every message and token waits about this long for its turn.
+        self.loop_lag = hist(
+            "worker_event_loop_lag_seconds", "How late a 0.1 s timer fires on the event loop", ITL_BUCKETS
+        )
         self.ttft = hist("worker_ttft_seconds", "Engine call to first token")
         self.itl = m.bulk_histogram(
             "worker_itl_seconds", "Every gap between two engine chunks", {"pool": pool}, ITL_BUCKETS
@@ -328,6 +333,7 @@ class Worker:
                 f.gate.clear()
             await f.start()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="heartbeat"))
+        self._tasks.append(asyncio.create_task(self._loop_lag_probe(), name="loop-lag"))
         self._tasks.append(asyncio.create_task(self._engine_loop(), name="engine-watch"))
         log.info(
             "worker %s up: pool=%s engine=%s at %s, models=%s, concurrency=%d",
@@ -647,6 +653,13 @@ class Worker:
         except Exception as exc:
             log.debug("queue length of %s unavailable: %s", consumer, exc)
             return None
+
+    async def _loop_lag_probe(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t = loop.time()
+            await asyncio.sleep(LOOP_LAG_PROBE_S)
+            self.m.loop_lag.observe(max(0.0, loop.time() - t - LOOP_LAG_PROBE_S))
 
     async def _heartbeat_loop(self) -> None:
         """Heartbeats on their own schedule, with the last known load: a hung engine (each health
