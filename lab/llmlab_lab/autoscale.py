@@ -196,8 +196,10 @@ FULL = DemoConfig(
     time_scale=0.05,
     slots=4,
     # A 30 s burst, a low load that lasts through the drains, a 45 s ramp back up, then low again.
-    # (Until 2026-12-06 the backlog grew in the low phase beside free slots: a worker's freed slot
-    # stayed unused while a pull's 408 counted ahead of its waiters, fixed in llmlab_worker.pull.)
+    # (Until 2026-12-06 the backlog grew in the low phase beside free slots: every worker drove one
+    # shared simulator, so all reported its running count and the router's ties went to one worker
+    # id while its own queue grew. Each worker has its own engine now, and the router counts a
+    # worker's own queue as its load.)
     phases=(
         Phase("warm", 5, 0.5),
         Phase("burst", 30, 5.0),
