@@ -293,11 +293,11 @@ async def run_demo(cfg: DemoConfig, command: str) -> dict[str, Any]:
             workers.append((life, proc))
             log.info("t=%5.1fs  worker %d started", life.started_at, life.index)
 
-        def drain_busiest() -> None:
+        async def drain_busiest() -> None:
             # The worker holding the most streams (ties: the newest). A ReplicaSet would take the
             # newest, often idle at low load; the busiest makes every drain a test of losing nothing.
             active = [w for w in workers if w[0].drain_at is None]
-            counts = [int(_in_flight(proc)) for _, proc in active]
+            counts = [int(n) for n in await asyncio.gather(*(_in_flight(proc) for _, proc in active))]
             k = max(range(len(active)), key=lambda i: (counts[i], i))
             life, proc = active[k]
             life.drain_at = time.monotonic() - t0
@@ -336,7 +336,7 @@ async def run_demo(cfg: DemoConfig, command: str) -> dict[str, Any]:
                 for _ in range(want - len(active)):
                     start_worker()
                 for _ in range(len(active) - want):
-                    drain_busiest()
+                    await drain_busiest()
                 ready = sum(1 for life, _ in workers if life.ready_at is not None and life.drain_at is None)
                 samples.append(Sample(round(now, 3), metric, want, ready))
                 await asyncio.sleep(policy.polling_s)
@@ -395,15 +395,21 @@ async def run_demo(cfg: DemoConfig, command: str) -> dict[str, Any]:
     return analyse(cfg, policy, samples, [w[0] for w in workers], records, phase_starts, duration, command)
 
 
-def _in_flight(proc: Any) -> float:
-    """The worker's attempts in flight, from its own metrics (0 when it does not answer)."""
-    from llmlab_testkit.e2e import metric
+async def _in_flight(proc: Any) -> float:
+    """The worker's attempts in flight, from its own metrics (0 when it does not answer), without
+    holding up the control loop as a blocking scrape would."""
+    from llmlab_common.metrics import parse_prometheus_text
 
     try:
-        return metric(proc, "llmlab_worker_in_flight_requests")
-    except Exception as exc:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(proc.ready_url.rsplit("/", 1)[0] + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as r,
+        ):
+            text = await r.text()
+    except (aiohttp.ClientError, TimeoutError) as exc:
         log.warning("in-flight count of %s unavailable: %s", proc.name, exc)
         return 0.0
+    return parse_prometheus_text(text).get("llmlab_worker_in_flight_requests", 0.0)
 
 
 async def _ready(proc: Any) -> bool:
