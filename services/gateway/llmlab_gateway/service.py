@@ -431,6 +431,7 @@ class CompletionService:
         previous: str | None = None
         attempt = 0
         moved: str | None = None  # why the last attempt moved to its pool, when it did
+        moves = 0
         i = 0
         while i < len(targets):
             target = targets[i]
@@ -467,13 +468,20 @@ class CompletionService:
             if not err.retryable:
                 raise err
             moved = None
-            if err.code == Code.WORKER_LOST and target.worker_id is not None and not handle.taken:
+            if (
+                err.code == Code.WORKER_LOST
+                and target.worker_id is not None
+                and not handle.taken
+                and self.dispatcher.live_workers(target.pool) > 0
+            ):
                 # Addressed to a worker that drained or died before taking it: nothing ran, so the
-                # same deployment's pool gets it next, before any fallback (a scale-down drains
-                # several workers at once, and a chain of them would otherwise all fail: 503).
+                # same deployment's pool gets it next, before any fallback, while the pool has a
+                # live worker (a scale-down drains several workers at once, and a chain of them
+                # would otherwise all fail: 503). Not a route of the chain: not counted as one.
                 moved = f"moved to pool {target.pool}: worker {target.worker_id} left before taking it"
                 log.info("attempt %d %s", attempt, moved)
                 targets.insert(i, RouteTarget(deployment=target.deployment, pool=target.pool))
+                moves += 1
                 continue
             # The client's message names deployments (public: X-LLMLab-Deployment), never workers.
             failures.append(f"{target.deployment}: {err.message}")
@@ -486,7 +494,7 @@ class CompletionService:
                 err.message,
             )
         raise ServiceUnavailable(
-            f"All {len(targets)} routes failed before the first token: " + "; ".join(failures),
+            f"All {len(targets) - moves} routes failed before the first token: " + "; ".join(failures),
             code=Code.ALL_ROUTES_FAILED,
         )
 

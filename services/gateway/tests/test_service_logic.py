@@ -245,6 +245,14 @@ async def test_an_attempt_its_worker_left_before_taking_moves_to_the_pool() -> N
     assert first.worker_id and second.worker_id is None and second.pool == first.pool
     assert third.worker_id and third.worker_id != first.worker_id  # the chain goes on after the pool
     assert d.dispatched[1].route and d.dispatched[1].route.reason.startswith("moved to pool")
+    # No live worker left in the pool (both killed, say): nothing to move to; the chain goes on and
+    # its message counts its own routes.
+    d = FakeDispatcher(workers=3, scripts=[[WorkerLost(1, "w")], [WorkerLost(2, "w")]])
+    service = _service(d)
+    d.workers = 0  # the router's view is older than the dispatcher's
+    with pytest.raises(ServiceUnavailable, match="All 2 routes failed"):
+        await service.open(_ctx())
+    assert all(t.worker_id for t in d.targets)
     # Taken and then lost is a failure of that route, as before: the next target, not the pool.
     d = FakeDispatcher(workers=3, scripts=[[_started(1), WorkerLost(1, "w")], list(ok)])
     opened = await _service(d).open(_ctx())
