@@ -399,11 +399,12 @@ async def _in_flight(proc: Any) -> float:
     """The worker's attempts in flight, from its own metrics (0 when it does not answer), without
     holding up the control loop as a blocking scrape would."""
     from llmlab_common.metrics import parse_prometheus_text
+    from llmlab_testkit.procs import url
 
     try:
         async with (
             aiohttp.ClientSession() as s,
-            s.get(proc.ready_url.rsplit("/", 1)[0] + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as r,
+            s.get(url(proc) + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as r,
         ):
             text = await r.text()
     except (aiohttp.ClientError, TimeoutError) as exc:

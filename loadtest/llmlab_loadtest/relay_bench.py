@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -1096,28 +1096,31 @@ def compare_level(runs: Sequence[Run], level: int) -> dict[str, Any]:
     return out
 
 
+def _added_buckets(runs_buckets: Iterable[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """One histogram's cumulative buckets over several runs, added bound by bound."""
+    added: dict[float, float] = {}
+    for buckets in runs_buckets:
+        for le, n in buckets:
+            added[le] = added.get(le, 0.0) + n
+    return sorted(added.items())
+
+
 def dataplane_figures(stack_runs: Sequence[Run]) -> dict[str, Any]:
-    """Over a level's measured stack runs: the NATS queue wait percentiles (their histogram buckets
-    added, then PromQL's interpolation), router-service timeouts and fallbacks, and the requests the
-    gateway refused (any answer but 200; their CPU is in the per-token figures, so a level with
-    refusals misses its targets)."""
-    merged: dict[float, float] = {}
-    lag: dict[float, float] = {}
+    """Over a level's measured stack runs: the NATS queue wait and the worker's event-loop lag
+    percentiles (their histogram buckets added, then PromQL's interpolation), router-service
+    timeouts and fallbacks, and the requests the gateway refused (any answer but 200; their CPU is
+    in the per-token figures, so a level with refusals misses its targets)."""
     fallbacks: dict[str, float] = {}
     refused = 0.0
     for r in stack_runs:
-        for le, n in r.queue_buckets:
-            merged[le] = merged.get(le, 0.0) + n
-        for le, n in r.loop_lag_buckets:
-            lag[le] = lag.get(le, 0.0) + n
         for why, n in r.router_fallbacks.items():
             fallbacks[why] = fallbacks.get(why, 0.0) + n
         refused += sum(n for status, n in r.statuses.items() if status != "200")
-    cum = sorted(merged.items())
+    cum = _added_buckets(r.queue_buckets for r in stack_runs)
     return {
         "queue_wait_ms": promscrape.percentiles_ms(cum),
         "queue_wait_samples": int(cum[-1][1]) if cum else 0,
-        "worker_loop_lag_ms": promscrape.percentiles_ms(sorted(lag.items())),
+        "worker_loop_lag_ms": promscrape.percentiles_ms(_added_buckets(r.loop_lag_buckets for r in stack_runs)),
         "router_fallbacks": {k: int(v) for k, v in fallbacks.items()},
         "router_timeouts": int(sum(v for k, v in fallbacks.items() if "timeout" in k.lower())),
         "refused": int(refused),

@@ -51,8 +51,8 @@ SERVICE_WINDOW = 64  # the heartbeat's mean service time is over the last this m
 # queue of priority 0 up to 4 (at most a sixteenth of the slots), a higher priority's up to 16
 # (a quarter). Heartbeats count them with the worker's own queue.
 PREFETCH = 4
-LOOP_LAG_PROBE_S = 0.1
 PREFETCH_HIGH = 16
+LOOP_LAG_PROBE_S = 0.1  # the event-loop lag probe's timer
 
 
 class EngineLoadCollector:
@@ -193,10 +193,10 @@ class WorkerMetrics:
 class _Running:
     req: InferenceRequest
     msg: Msg
+    received_at: float  # monotonic: the message reached this worker's handler
     task: asyncio.Task[None] | None = None
     last_progress: float = field(default_factory=time.monotonic)
     cancel_reason: str | None = None
-    received_at: float = 0.0  # monotonic: the message reached this worker's handler
 
 
 class Worker:

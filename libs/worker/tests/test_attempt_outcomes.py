@@ -116,7 +116,7 @@ def _req(**kw: Any) -> InferenceRequest:
 
 async def _run(w: Worker, req: InferenceRequest, msg: FakeMsg | None = None) -> _Running:
     await w.capacity.take_up_to(1)  # as the pull feeder does before the handler
-    run = _Running(req=req, msg=msg or FakeMsg())  # type: ignore[arg-type]
+    run = _Running(req=req, msg=msg or FakeMsg(), received_at=time.monotonic())  # type: ignore[arg-type]
     w.running[(req.request_id, req.attempt)] = run
     run.task = asyncio.create_task(w._run(run))
     return run

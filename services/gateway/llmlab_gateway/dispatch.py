@@ -114,7 +114,7 @@ class _Handle:
     @property
     def taken(self) -> bool:
         """A worker has taken the attempt (it sent a stream message)."""
-        return self._inf.worker_id is not None or self._inf.next_seq > 0
+        return self._inf.next_seq > 0
 
     def next_nowait(self) -> AttemptMessage | None:
         q = self._inf.queue

@@ -431,7 +431,7 @@ class CompletionService:
         previous: str | None = None
         attempt = 0
         moved: str | None = None  # why the last attempt moved to its pool, when it did
-        moves = 0
+        routes = len(targets)  # the chain's; a move to the pool adds an attempt, not a route
         i = 0
         while i < len(targets):
             target = targets[i]
@@ -481,7 +481,6 @@ class CompletionService:
                 moved = f"moved to pool {target.pool}: worker {target.worker_id} left before taking it"
                 log.info("attempt %d %s", attempt, moved)
                 targets.insert(i, RouteTarget(deployment=target.deployment, pool=target.pool))
-                moves += 1
                 continue
             # The client's message names deployments (public: X-LLMLab-Deployment), never workers.
             failures.append(f"{target.deployment}: {err.message}")
@@ -494,7 +493,7 @@ class CompletionService:
                 err.message,
             )
         raise ServiceUnavailable(
-            f"All {len(targets) - moves} routes failed before the first token: " + "; ".join(failures),
+            f"All {routes} routes failed before the first token: " + "; ".join(failures),
             code=Code.ALL_ROUTES_FAILED,
         )
 
