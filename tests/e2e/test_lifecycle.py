@@ -76,6 +76,9 @@ async def test_a_scale_down_moves_what_was_addressed_to_the_draining_workers(sta
     late = asyncio.create_task(client(gw).chat.completions.create(model=LLAMA, messages=HELLO, max_tokens=5))
     await eventually(lambda: metric(gw, "llmlab_gateway_queued_attempts") == 1, what="the third request queued")
     stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, worker_id="new")
+    # The move needs a live worker in the pool as the gateway sees it (CI of d42e7d5 drained the old
+    # ones before the gateway had heard the new one's first heartbeat).
+    await eventually(lambda: metric(gw, "llmlab_gateway_live_workers") == 3, what="the gateway seeing the new worker")
     stoppers = [asyncio.create_task(asyncio.to_thread(w.stop, 15)) for w in old]
     try:
         r = await asyncio.wait_for(late, 20)
