@@ -66,7 +66,8 @@ async def test_a_scale_down_moves_what_was_addressed_to_the_draining_workers(sta
     worker, with the pool's other busy worker as its fallback, waits in their own queues; both
     drain: it moves to the pool at once, where a worker started since takes it, while the
     draining workers still finish their answers."""
-    sim = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=20, output_len=150)  # about 3 s an answer
+    # About 6 s an answer: the old workers must still be busy after a worker starts and is heard.
+    sim = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=20, output_len=300)
     old = [stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, worker_id=f"old-{i}") for i in (1, 2)]
     gw = stack.gateway(queue_timeout_s=30)
     first = [asyncio.create_task(client(gw).chat.completions.create(model=LLAMA, messages=HELLO)) for _ in old]

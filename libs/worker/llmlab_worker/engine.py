@@ -22,6 +22,8 @@ from llmlab_common.messages import EngineLoad, InferenceRequest, Usage
 from llmlab_common.metrics import parse_prometheus_text
 from prometheus_client.registry import Collector
 
+from llmlab_worker.http1 import EngineHTTP, EngineHTTPError
+
 log = logging.getLogger(__name__)
 
 
@@ -138,6 +140,7 @@ class OpenAIEngineAdapter:
         self.max_concurrency = max_concurrency
         self.connect_timeout_s = connect_timeout_s
         self._session: aiohttp.ClientSession | None = None
+        self._http: EngineHTTP | None = None  # the generation requests (see http1)
         self._window = _LoadWindow()
 
     async def start(self) -> None:
@@ -148,8 +151,12 @@ class OpenAIEngineAdapter:
             read_bufsize=1 << 20,  # the 64 KB default throttles long streams
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
         )
+        self._http = EngineHTTP(self.base_url, self.connect_timeout_s, max_idle=self.max_concurrency + 4)
 
     async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -238,14 +245,23 @@ class OpenAIEngineAdapter:
     async def stream(self, req: InferenceRequest) -> AsyncGenerator[EngineEvent, None]:
         """Yield parsed chunks; closing the iterator closes the HTTP stream, which aborts the
         request inside the engine (both vLLM and SGLang abort on client disconnect)."""
+        if self._http is None:
+            raise RuntimeError("adapter not started")
         body = self.build_body(req)
         try:
-            resp = await self.session.post(self.base_url + self.path_for(req), json=body)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            payload = orjson.dumps(body)
+        except TypeError:  # what orjson refuses (a lone surrogate) json.dumps escapes
+            payload = json.dumps(body).encode()
+        try:
+            resp = await self._http.post(self.path_for(req), payload)
+        except EngineHTTPError as exc:
             raise EngineRequestError(0, f"engine unreachable: {exc}") from exc
         async with resp:
             if resp.status != 200:
-                text = await resp.text()
+                try:
+                    text = (await resp.read()).decode("utf-8", "replace")
+                except EngineHTTPError as exc:
+                    text = str(exc)
                 raise EngineRequestError(resp.status, _engine_error_message(text))
             counted = [0]  # completion tokens of the running usage so far
             chat = req.endpoint == "chat"
@@ -253,7 +269,7 @@ class OpenAIEngineAdapter:
             try:
                 # Read what arrived and split it ourselves: one await per network read, where the
                 # body's line iterator costs one per line (and an SSE event is two lines).
-                async for part in resp.content.iter_any():
+                async for part in resp.iter_chunks():
                     if b"\n" not in part:
                         rest += part
                         continue
@@ -267,7 +283,7 @@ class OpenAIEngineAdapter:
                 event = self._line_event(rest, chat, counted)  # a last line without its newline
                 if event is not None and event is not _DONE:
                     yield event
-            except aiohttp.ClientPayloadError as exc:
+            except EngineHTTPError as exc:
                 raise EngineRequestError(0, f"engine stream broke: {exc}") from exc
 
     def _line_event(self, raw: bytes, chat: bool, counted: list[int]) -> EngineEvent | None:
