@@ -15,7 +15,7 @@ export LLMLAB_ENV ?= dev
 
 .DEFAULT_GOAL := help
 .PHONY: chaos fuzz k6 loadtest loadtest-report peers help install install-vllm infra prom-tools test mutants test-unit test-e2e lint format up down status demo bench bench-engine-modes report explain-latency costmodel router-eval \
-        experiments experiments-quick gpu-smoke \
+        experiments experiments-quick pipelines gpu-smoke \
         compose-up compose-down clean
 
 help: ## list the targets
@@ -141,6 +141,9 @@ router-eval: install ## router policies + replica pickers replayed in the engine
 
 experiments: install infra install-vllm ## the tutorial's experiments, full size (twin + real vLLM-on-CPU) -> results/<experiment>/
 	$(PY) -m llmlab_experiments --out results
+
+pipelines: install infra install-vllm ## pipelines A, B, C launched for real: vLLM-on-CPU from configs/pipelines behind the whole stack, each with its workload (~15 min; PIPELINES_ARGS=--quick ~5 min) -> results/real_pipelines/
+	$(PY) -m llmlab_experiments --only real_pipelines --out results $(PIPELINES_ARGS)
 
 experiments-quick: install infra install-vllm ## the CI-sized experiments (same code, smaller sweeps) -> results/tmp/experiments/
 	$(PY) -m llmlab_experiments --quick --out results/tmp/experiments

