@@ -288,26 +288,44 @@ class Engines(contextlib.AbstractContextManager["Engines"]):
 # ---- load ------------------------------------------------------------------------------------------------------
 
 
-async def _drive(gateway_url: str, bodies: list[list[dict[str, Any]]]) -> tuple[list[Any], float]:
-    """Closed loop: one stream per inner list, each sending its bodies one after the other."""
+Plan = list[tuple[float, list[dict[str, Any]]]]  # (start offset s, bodies sent one after the other) per stream
+
+
+def closed_loop(bodies: list[list[dict[str, Any]]]) -> Plan:
+    """Every stream from the start: one per inner list."""
+    return [(0.0, seq) for seq in bodies]
+
+
+async def drive(
+    gateway_url: str, plan: Plan, *, slo_class: str | None = None, timeout_s: float = 600.0
+) -> list[sc.RequestRecord]:
+    """Each (start offset, bodies) is one stream that waits until its offset, then sends its bodies one after the
+    other: offsets 0 make a closed loop, Poisson offsets of one body each an open one. ``slo_class``, when
+    given, goes in the ``x-llmlab-slo-class`` header."""
     import aiohttp
     from llmlab_testkit.fixtures import DEV_KEY
 
-    records: list[Any] = []
+    records: list[sc.RequestRecord] = []
     headers = {"Authorization": f"Bearer {DEV_KEY}", "Content-Type": "application/json"}
+    if slo_class is not None:
+        headers["x-llmlab-slo-class"] = slo_class
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
     ) as session:
         t0 = time.perf_counter()
 
-        async def stream(s: int, seq: list[dict[str, Any]]) -> None:
+        async def stream(s: int, at: float, seq: list[dict[str, Any]]) -> None:
+            if at > 0:
+                await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
             for body in seq:
                 rec = sc.RequestRecord(index=len(records), stream=s, sent_at=0.0)
                 records.append(rec)
-                await sc.stream_request(session, gateway_url + "/v1/chat/completions", body, rec, t0, 600.0, headers)
+                await sc.stream_request(
+                    session, gateway_url + "/v1/chat/completions", body, rec, t0, timeout_s, headers
+                )
 
-        await asyncio.gather(*(stream(s, seq) for s, seq in enumerate(bodies)))
-    return records, sc.measured_window(records)
+        await asyncio.gather(*(stream(s, at, seq) for s, (at, seq) in enumerate(plan)))
+    return records
 
 
 def chat_body(model: str, system: str | None, user: str, max_tokens: int) -> dict[str, Any]:
@@ -329,7 +347,8 @@ def measure(sv: Served, bodies: list[list[dict[str, Any]]], *, experiment: str, 
     eng_cpu0, _ = proc_tree(sv.proc.pid)
     load0 = os.getloadavg()
     cpu0 = sc.client_usage()
-    records, window = asyncio.run(_drive(sv.gateway_url, bodies))
+    records = asyncio.run(drive(sv.gateway_url, closed_loop(bodies)))
+    window = sc.measured_window(records)
     cpu1 = sc.client_usage()
     load1 = os.getloadavg()
     eng_cpu1, eng_rss = proc_tree(sv.proc.pid)
@@ -387,8 +406,10 @@ def measure(sv: Served, bodies: list[list[dict[str, Any]]], *, experiment: str, 
 def warm_up(sv: Served, model: str) -> dict[str, Any]:
     """Not measured: two sequential then two concurrent short requests through the stack (unrelated prompts)."""
     t0 = time.perf_counter()
-    asyncio.run(_drive(sv.gateway_url, [[chat_body(model, None, f"Warm-up {i}: say hello.", 8) for i in range(2)]]))
-    asyncio.run(_drive(sv.gateway_url, [[chat_body(model, None, f"Warm-up {i}: count to three.", 8)] for i in (2, 3)]))
+    sequential = [[chat_body(model, None, f"Warm-up {i}: say hello.", 8) for i in range(2)]]
+    asyncio.run(drive(sv.gateway_url, closed_loop(sequential)))
+    concurrent = [[chat_body(model, None, f"Warm-up {i}: count to three.", 8)] for i in (2, 3)]
+    asyncio.run(drive(sv.gateway_url, closed_loop(concurrent)))
     return {"engine": sv.spec.key, "requests": 4, "max_tokens": 8, "wall_s": round(time.perf_counter() - t0, 2)}
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import statistics
@@ -43,10 +42,12 @@ from llmlab_experiments.note import Note, metadata, write_experiment
 from llmlab_experiments.pipelines import Pipeline, load_pipelines
 from llmlab_experiments.real_caching_batching import (
     NO_EOS_BIAS,
+    Plan,
     _drop_namespace,
     chat_body,
     combine,
     cpu_vllm_fields,
+    drive,
     engine_env,
     proc_tree,
     scrape,
@@ -215,41 +216,10 @@ def stack_for(sv: Served, concurrency: int, queue_timeout_s: float | None = None
     return url(gw)
 
 
-async def _drive(
-    gateway_url: str, plan: list[tuple[float, list[dict[str, Any]]]], slo_class: str = "interactive"
-) -> list[sc.RequestRecord]:
-    """Each (start offset, bodies) is one stream that waits until its offset, then sends its bodies one after the
-    other: offsets 0 make a closed loop, Poisson offsets of one body each an open one. ``slo_class`` goes in
-    the ``x-llmlab-slo-class`` header (A's requests say batch)."""
-    import aiohttp
-    from llmlab_testkit.fixtures import DEV_KEY
-
-    records: list[sc.RequestRecord] = []
-    headers = {
-        "Authorization": f"Bearer {DEV_KEY}",
-        "Content-Type": "application/json",
-        "x-llmlab-slo-class": slo_class,
-    }
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
-    ) as session:
-        t0 = time.perf_counter()
-
-        async def stream(s: int, at: float, seq: list[dict[str, Any]]) -> None:
-            await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
-            for body in seq:
-                rec = sc.RequestRecord(index=len(records), stream=s, sent_at=0.0)
-                records.append(rec)
-                await sc.stream_request(session, gateway_url + "/v1/chat/completions", body, rec, t0, 900.0, headers)
-
-        await asyncio.gather(*(stream(s, at, seq) for s, (at, seq) in enumerate(plan)))
-    return records
-
-
 def measure(
     sv: Served,
     gateway_url: str,
-    plan: list[tuple[float, list[dict[str, Any]]]],
+    plan: Plan,
     slo: Slo,
     slo_class: str = "interactive",
     **labels: Any,
@@ -258,7 +228,7 @@ def measure(
     before = scrape(sv.engine_url)
     cpu0_eng, _ = proc_tree(sv.proc.pid)
     cpu0 = sc.client_usage()
-    records = asyncio.run(_drive(gateway_url, plan, slo_class))
+    records = asyncio.run(drive(gateway_url, plan, slo_class=slo_class, timeout_s=900.0))
     cpu1 = sc.client_usage()
     cpu1_eng, rss = proc_tree(sv.proc.pid)
     after = scrape(sv.engine_url)
@@ -347,7 +317,7 @@ def _body(model: str, system: str | None, user: str, max_tokens: int) -> dict[st
     return body
 
 
-def a_plan(model: str, s: Sizes, rnd: int, rung: int) -> list[tuple[float, list[dict[str, Any]]]]:
+def a_plan(model: str, s: Sizes, rnd: int, rung: int) -> Plan:
     """Medium requests (a paragraph to summarise), every stream from the start: the engine's batch fills up."""
     return [
         (
@@ -368,7 +338,7 @@ def a_plan(model: str, s: Sizes, rnd: int, rung: int) -> list[tuple[float, list[
     ]
 
 
-def b_plan(model: str, s: Sizes, rnd: int) -> list[tuple[float, list[dict[str, Any]]]]:
+def b_plan(model: str, s: Sizes, rnd: int) -> Plan:
     """Short questions arriving open loop (Poisson, seeded per round), each capped at b_max_tokens."""
     rng = random.Random(1000 + rnd)
     t, plan = 0.0, []
@@ -376,6 +346,9 @@ def b_plan(model: str, s: Sizes, rnd: int) -> list[tuple[float, list[dict[str, A
         plan.append((t, [_body(model, None, f"Q{rnd}.{i}: one word for {_TOPICS[i % len(_TOPICS)]}?", s.b_max_tokens)]))
         t += rng.expovariate(s.b_rate_per_s)
     return plan
+
+
+SHORT_MAX_TOKENS = 4  # C's short chats (how short_ttft_p95 tells them from the documents' questions)
 
 
 def document(rnd: int, d: int, sentences: int) -> str:
@@ -390,10 +363,10 @@ def document(rnd: int, d: int, sentences: int) -> str:
     return f"Document {rnd}-{d}. " + " ".join(words)
 
 
-def c_plans(model: str, s: Sizes, rnd: int) -> list[tuple[float, list[dict[str, Any]]]]:
+def c_plans(model: str, s: Sizes, rnd: int) -> Plan:
     """One stream per document asking its questions one after the other (the document is the shared prefix),
     and one stream of short chats beside them, spaced over the run."""
-    plan: list[tuple[float, list[dict[str, Any]]]] = [
+    plan: Plan = [
         (
             0.0,
             [
@@ -404,13 +377,15 @@ def c_plans(model: str, s: Sizes, rnd: int) -> list[tuple[float, list[dict[str, 
         )
         for d in range(s.c_documents)
     ]  # fmt: skip
-    plan += [(1.0 + 2.0 * i, [_body(model, None, f"Short {rnd}.{i}: hi!", 4)]) for i in range(s.c_short_chats)]
+    plan += [
+        (1.0 + 2.0 * i, [_body(model, None, f"Short {rnd}.{i}: hi!", SHORT_MAX_TOKENS)]) for i in range(s.c_short_chats)
+    ]
     return plan
 
 
-def short_ttft_p95(records: Sequence[sc.RequestRecord], plan: list[tuple[float, list[dict[str, Any]]]]) -> float | None:
+def short_ttft_p95(records: Sequence[sc.RequestRecord], plan: Plan) -> float | None:
     """The short chats' TTFT p95 (ms): the streams after the documents' (one request each)."""
-    shorts = {i for i, (_, seq) in enumerate(plan) if seq[0]["max_tokens"] == 4}
+    shorts = {i for i, (_, seq) in enumerate(plan) if seq[0]["max_tokens"] == SHORT_MAX_TOKENS}
     vals = sorted(r.ttft * 1000 for r in records if r.stream in shorts and r.ok and r.ttft is not None)
     if not vals:
         return None
@@ -502,7 +477,7 @@ def run(out: Path, quick: bool, command: str) -> Path:
 
 def _warm(gateway_url: str, model: str) -> None:
     """Two short requests through the stack, not measured."""
-    asyncio.run(_drive(gateway_url, [(0.0, [_body(model, None, f"Warm-up {i}: hello.", 4) for i in range(2)])]))
+    asyncio.run(drive(gateway_url, [(0.0, [_body(model, None, f"Warm-up {i}: hello.", 4) for i in range(2)])]))
 
 
 # ---- report -----------------------------------------------------------------------------------------------------
@@ -716,12 +691,3 @@ def report(
         meta=meta,
         plot=lambda p: plot(summary, p),
     )
-
-
-def rerender(results_json: Path, out: Path) -> Path:
-    """Re-write the table, plot and note from a results.json (after a change of presentation only)."""
-    doc = json.loads(results_json.read_text())
-    rows = doc["rows"]
-    launches = {k: CpuLaunch(**v) for k, v in rows["cpu_launch"].items()}
-    return report(out, doc["meta"].get("command", ""), Sizes(**rows["sizes"]), rows["runs"], rows["servers"],
-                  launches, time.time(), doc["meta"].get("duration_s", 0.0))  # fmt: skip

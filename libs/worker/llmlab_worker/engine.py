@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Protocol
 
 import aiohttp
 import orjson
+from llmlab_common import openai_wire as wire
 from llmlab_common.messages import EngineLoad, InferenceRequest, Usage
 from llmlab_common.metrics import parse_prometheus_text
 from prometheus_client.registry import Collector
@@ -144,11 +145,10 @@ class OpenAIEngineAdapter:
         self._window = _LoadWindow()
 
     async def start(self) -> None:
-        # Pool sized to the worker's concurrency, plus room for health/metrics polls.
-        connector = aiohttp.TCPConnector(limit=self.max_concurrency + 4, ttl_dns_cache=300)
+        # aiohttp serves the health and metrics polls only (one or two at a time); the generation
+        # requests, one per attempt, go through EngineHTTP.
         self._session = aiohttp.ClientSession(
-            connector=connector,
-            read_bufsize=1 << 20,  # the 64 KB default throttles long streams
+            connector=aiohttp.TCPConnector(limit=4, ttl_dns_cache=300),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
         )
         self._http = EngineHTTP(self.base_url, self.connect_timeout_s, max_idle=self.max_concurrency + 4)
@@ -247,13 +247,8 @@ class OpenAIEngineAdapter:
         request inside the engine (both vLLM and SGLang abort on client disconnect)."""
         if self._http is None:
             raise RuntimeError("adapter not started")
-        body = self.build_body(req)
         try:
-            payload = orjson.dumps(body)
-        except TypeError:  # what orjson refuses (a lone surrogate) json.dumps escapes
-            payload = json.dumps(body).encode()
-        try:
-            resp = await self._http.post(self.path_for(req), payload)
+            resp = await self._http.post(self.path_for(req), wire.dumps(self.build_body(req)))
         except EngineHTTPError as exc:
             raise EngineRequestError(0, f"engine unreachable: {exc}") from exc
         async with resp:
