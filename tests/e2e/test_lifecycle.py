@@ -66,8 +66,9 @@ async def test_a_scale_down_moves_what_was_addressed_to_the_draining_workers(sta
     worker, with the pool's other busy worker as its fallback, waits in their own queues; both
     drain: it moves to the pool at once, where a worker started since takes it, while the
     draining workers still finish their answers."""
-    # About 6 s an answer: the old workers must still be busy after a worker starts and is heard.
-    sim = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=20, output_len=300)
+    # About 15 s an answer: the old workers must still be busy after a worker starts and is heard
+    # (6 s was too short for CI of 2d34355, whose host took longer to start and hear the new one).
+    sim = stack.sim("vllm", LLAMA, ttft_ms=20, itl_ms=20, output_len=750)
     old = [stack.worker("vllm", "gpu-vllm", url(sim), max_concurrency=1, worker_id=f"old-{i}") for i in (1, 2)]
     gw = stack.gateway(queue_timeout_s=30)
     first = [asyncio.create_task(client(gw).chat.completions.create(model=LLAMA, messages=HELLO)) for _ in old]
@@ -80,7 +81,7 @@ async def test_a_scale_down_moves_what_was_addressed_to_the_draining_workers(sta
     # The move needs a live worker in the pool as the gateway sees it (CI of d42e7d5 drained the old
     # ones before the gateway had heard the new one's first heartbeat).
     await eventually(lambda: metric(gw, "llmlab_gateway_live_workers") == 3, what="the gateway seeing the new worker")
-    stoppers = [asyncio.create_task(asyncio.to_thread(w.stop, 15)) for w in old]
+    stoppers = [asyncio.create_task(asyncio.to_thread(w.stop, 30)) for w in old]
     try:
         r = await asyncio.wait_for(late, 20)
     except openai.APIStatusError as exc:

@@ -109,31 +109,35 @@ async def cancel_stops_generation_on_the_engine(stack: Stack, e: EngineUnderTest
             if time.monotonic() - seen_at > 20:
                 raise AssertionError(f"the engine never counted the request running; worker log:\n{_tail(worker)}")
             await asyncio.sleep(0.2)
-        await client.cancel("r3")
-        # 20 s: a loaded CI host once took longer than 10 (CI of 2026-12-05); the request left alone
-        # generates 1,500 tokens, far longer than that on this CPU. A cancel is a core NATS message
-        # (at most once): CI of 2026-12-06 saw a worker that never logged receiving it, so it is
-        # sent again every 5 s. What is guarded is the worker stopping the engine once it hears.
-        cancelled_at = sent_at = time.monotonic()
-        sent = 1
-        while e.running() > 0:
-            now = time.monotonic()
-            if now - cancelled_at > 20:
-                raise AssertionError(
-                    f"engine still running the request after {sent} cancels; worker log:\n{_tail(worker)}"
-                )
-            if now - sent_at > 5:
+        # The worker's own word first: its attempt event. A cancel is a core NATS message (at most
+        # once), so it is sent again every 5 s until the event comes. The engine's gauge alone is no
+        # witness: CI of 2d34355 read it 0 while the request still generated its 1,500 tokens.
+        assert client.nc is not None
+        events = await client.nc.jetstream().subscribe(client.topo.attempt_event_subject, ordered_consumer=True)
+        try:
+            sent = 0
+            while True:
                 await client.cancel("r3")
-                sent, sent_at = sent + 1, now
+                sent += 1
+                try:
+                    raw = (await events.next_msg(timeout=5)).data
+                    break
+                except TimeoutError:
+                    if sent >= 6:
+                        raise AssertionError(
+                            f"no attempt event after {sent} cancels; worker log:\n{_tail(worker)}"
+                        ) from None
+        finally:
+            await events.unsubscribe()
+        ev = AttemptEvent.model_validate_json(raw)
+        assert ev.outcome == "cancelled", f"{ev}\nworker log:\n{_tail(worker)}"
+        # Then the engine: it stops generating once the worker drops the stream (the request left
+        # alone runs for a minute on this CPU).
+        stopped_at = time.monotonic()
+        while e.running() > 0:
+            if time.monotonic() - stopped_at > 20:
+                raise AssertionError(f"engine still running the cancelled request; worker log:\n{_tail(worker)}")
             await asyncio.sleep(0.2)
-        raw: list[bytes] = []
-        for _ in range(20):
-            raw = await client.events(client.topo.attempt_event_subject, timeout=0.5)
-            if raw:
-                break
-        assert raw, "no attempt event after the cancel"
-        ev = AttemptEvent.model_validate_json(raw[0])
-        assert ev.outcome == "cancelled", ev
         assert ev.usage is not None and 0 < ev.usage.completion_tokens < 1500, ev
 
 
