@@ -15,7 +15,7 @@ export LLMLAB_ENV ?= dev
 
 .DEFAULT_GOAL := help
 .PHONY: chaos fuzz k6 loadtest loadtest-report peers help install install-vllm infra prom-tools test mutants test-unit test-e2e lint format up down status demo bench bench-engine-modes report explain-latency costmodel router-eval \
-        experiments experiments-quick pipelines gpu-smoke \
+        experiments experiments-quick pipelines pipelines-twin gpu-smoke \
         compose-up compose-down clean
 
 help: ## list the targets
@@ -142,8 +142,11 @@ router-eval: install ## router policies + replica pickers replayed in the engine
 experiments: install infra install-vllm ## the tutorial's experiments, full size (twin + real vLLM-on-CPU) -> results/<experiment>/
 	$(PY) -m llmlab_experiments --out results
 
-pipelines: install infra install-vllm ## pipelines A, B, C launched for real: vLLM-on-CPU from configs/pipelines behind the whole stack, each with its workload (~15 min; PIPELINES_ARGS=--quick ~5 min) -> results/real_pipelines/
+pipelines: install infra install-vllm ## pipelines A, B, C launched for real: vLLM-on-CPU from configs/pipelines behind the whole stack, each with its workload (~10 min; PIPELINES_ARGS=--quick ~4 min) -> results/real_pipelines/
 	$(PY) -m llmlab_experiments --only real_pipelines --out results $(PIPELINES_ARGS)
+
+pipelines-twin: install infra ## the same workloads through the engine twin configured as this CPU, side by side with results/real_pipelines (same sizes), with the error (~8 min; PIPELINES_ARGS=--quick ~3 min) -> results/twin_pipelines/
+	$(PY) -m llmlab_experiments --only twin_pipelines --out results $(PIPELINES_ARGS)
 
 experiments-quick: install infra install-vllm ## the CI-sized experiments (same code, smaller sweeps) -> results/tmp/experiments/
 	$(PY) -m llmlab_experiments --quick --out results/tmp/experiments

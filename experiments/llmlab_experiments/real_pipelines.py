@@ -31,7 +31,7 @@ import logging
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,20 +166,30 @@ class Served:
     stacks: list[Any] = field(default_factory=list)  # llmlab_testkit.procs.Stack, one per worker setting
 
 
+Spawn = Callable[[str, int, CpuLaunch], Any]  # (key, port, launch) -> an unstarted ManagedProcess serving it
+
+
+def vllm_process(key: str, port: int, launch: CpuLaunch) -> Any:
+    """Real vLLM on this CPU with the pipeline's flags."""
+    from llmlab_testkit.procs import ManagedProcess
+
+    env = {**engine_env(), "VLLM_CPU_KVCACHE_SPACE": str(KV_SPACE_GIB)}
+    return ManagedProcess(
+        f"vllm-cpu-{key}", engine_command(port, launch), env, ready_url=f"http://127.0.0.1:{port}/health"
+    )
+
+
 @contextlib.contextmanager
-def engines(launches: dict[str, CpuLaunch]) -> Any:
+def engines(launches: dict[str, CpuLaunch], spawn: Spawn = vllm_process) -> Any:
     """Start the engines together (their start-ups overlap), yield them; stop them and their stacks on exit."""
-    from llmlab_testkit.procs import ManagedProcess, free_port
+    from llmlab_testkit.procs import free_port
 
     served: dict[str, Served] = {}
     try:
         t0 = time.perf_counter()
         for key, launch in launches.items():
             port = free_port()
-            env = {**engine_env(), "VLLM_CPU_KVCACHE_SPACE": str(KV_SPACE_GIB)}
-            proc = ManagedProcess(
-                f"vllm-cpu-{key}", engine_command(port, launch), env, ready_url=f"http://127.0.0.1:{port}/health"
-            )
+            proc = spawn(key, port, launch)
             proc.start()
             log.info("engine %s: pid %d, log %s", key, proc.pid, proc.log_path)
             served[key] = Served(key, launch, proc, f"http://127.0.0.1:{port}")
@@ -427,25 +437,29 @@ def walk_a(sv: Served, model: str, s: Sizes, rnd: int) -> list[dict[str, Any]]:
     return rows
 
 
-def run(out: Path, quick: bool, command: str) -> Path:
-    from llmlab_testkit.vllm import SERVED_NAME as model
-
-    s = QUICK if quick else FULL
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    t_start = time.time()
+def launches_of_pipelines() -> dict[str, CpuLaunch]:
     by_name = load_pipelines()
-    launches = {
+    return {
         "A": cpu_launch(by_name["A"]),
         "B": cpu_launch(by_name["B"]),
         "C": cpu_launch(by_name["C"]),
         "C-no-cache": cpu_launch(by_name["C"], prefix_caching=False),
     }
+
+
+def execute(
+    s: Sizes, launches: dict[str, CpuLaunch], spawn: Spawn = vllm_process
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every pipeline's workload through the whole stack, on the engines ``spawn`` starts: (rows, servers)."""
+    from llmlab_testkit.vllm import SERVED_NAME as model
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     rows: list[dict[str, Any]] = []
     servers: list[dict[str, Any]] = []
     # One engine at a time (A, then B, then C with its no-cache twin): four vLLM processes at once would hold
     # ~15 GB and share two cores during every measurement.
     for group in (("A",), ("B",), ("C", "C-no-cache")):
-        with engines({k: launches[k] for k in group}) as served:
+        with engines({k: launches[k] for k in group}, spawn) as served:
             for sv in served.values():
                 _, rss = proc_tree(sv.proc.pid)
                 servers.append(
@@ -472,6 +486,14 @@ def run(out: Path, quick: bool, command: str) -> Path:
                         rows.append(row)
             for sv in served.values():
                 next(x for x in servers if x["engine"] == sv.key)["log_tail"] = sv.proc.tail(6)
+    return rows, servers
+
+
+def run(out: Path, quick: bool, command: str) -> Path:
+    s = QUICK if quick else FULL
+    t_start = time.time()
+    launches = launches_of_pipelines()
+    rows, servers = execute(s, launches)
     return report(out, command, s, rows, servers, launches, t_start, time.time() - t_start)
 
 
