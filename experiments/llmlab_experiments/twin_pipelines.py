@@ -7,7 +7,9 @@ device fitted against real vLLM on this machine by ``llmlab_lab.twin_calibrate_c
 Each pipeline's CPU flags map onto the twin: ``--max-num-seqs``, ``--max-num-batched-tokens``,
 ``--max-model-len`` and prefix caching as written; chunked prefill is how the twin always schedules (as vLLM's
 V1 engine does); the KV cache is vLLM's here, 1 GiB in 128-token blocks (vLLM's CPU default block size); the
-flags the twin does not model are listed with the reason (``NOT_MODELLED``). Every twin figure is SIMULATED.
+prompts are counted, and prefix blocks keyed, by SmolLM2's own tokenizer and chat template (the simulator's
+``--tokenizer``); the flags the twin does not model are listed with the reason (``NOT_MODELLED``). Every twin
+figure is SIMULATED.
 
 The side-by-side table reads the real run from ``<out>/real_pipelines/results.json`` and gives, per cell (A's
 rungs both runs measured, B, C with and without caching), the twin's value, the real one and the error
@@ -45,11 +47,10 @@ TWIN_MODEL = "SmolLM2-135M"
 TWIN_DEVICE = "cpu-local"
 TWIN_DTYPE = "fp32"  # what the real run serves (real_caching_batching.DTYPE) and the device was fitted on
 BLOCK_SIZE = 128  # vLLM's CPU default (the pipelines do not set --block-size)
-MAPPED = {"--max-num-seqs": "--max-num-seqs", "--max-num-batched-tokens": "--max-num-batched-tokens",
-          "--max-model-len": "--max-model-len"}  # fmt: skip
+# vLLM flags the simulator takes under the same name
+MAPPED = ("--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--long-prefill-token-threshold")
 NOT_MODELLED = {
     "--enable-chunked-prefill": "the twin always splits prefills at the step's token budget (as vLLM V1 does)",
-    "--long-prefill-token-threshold": "the twin caps a step's prefill tokens only by --max-num-batched-tokens",
     "--scheduling-policy": "the twin schedules first come, first served",
     "--stream-interval": "the twin streams every token",
 }
@@ -81,7 +82,7 @@ def twin_flags(launch: CpuLaunch) -> tuple[list[str], list[dict[str, Any]]]:
     left: list[dict[str, Any]] = []
     for name, value in launch.flags.items():
         if name in MAPPED:
-            argv += [MAPPED[name], str(value)]
+            argv += [name, str(value)]
         elif name == "--enable-prefix-caching":
             argv.append("--prefix-caching" if value else "--no-prefix-caching")
         else:
@@ -91,7 +92,7 @@ def twin_flags(launch: CpuLaunch) -> tuple[list[str], list[dict[str, Any]]]:
 
 
 def twin_command(port: int, launch: CpuLaunch) -> list[str]:
-    from llmlab_testkit.vllm import SERVED_NAME
+    from llmlab_testkit.vllm import MODEL_DIR, SERVED_NAME
 
     argv, _ = twin_flags(launch)
     return [
@@ -99,6 +100,8 @@ def twin_command(port: int, launch: CpuLaunch) -> list[str]:
         "--host", "127.0.0.1", "--port", str(port), "--mode", "twin", "--twin-model", TWIN_MODEL,
         "--twin-device", TWIN_DEVICE, "--twin-dtype", TWIN_DTYPE, "--block-size", str(BLOCK_SIZE),
         "--num-gpu-blocks", str(kv_blocks()),
+        # the real model's tokenizer and chat template: the same prompt lengths and prefix blocks as vLLM
+        "--tokenizer", str(MODEL_DIR),
         # max_tokens decides every length (the real run bans end tokens): never the simulator's own length
         "--output-len", "100000",
         *argv,
@@ -180,8 +183,8 @@ def side_table(rows: list[dict[str, Any]]) -> str:
 
 
 def prompt_tokens_per_request(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Prompt tokens the engine counted per request, by engine (the twin counts with its own rule, not
-    SmolLM2's tokenizer: part of any TTFT error)."""
+    """Prompt tokens the engine counted per request, by engine (the twin with SmolLM2's tokenizer: these should
+    agree with the real run's)."""
     out: dict[str, float] = {}
     for key in ("A", "B", "C", "C-no-cache"):
         rs = [r for r in rows if r["engine"] == key]
@@ -309,7 +312,8 @@ def report(
             "the same workloads, SLOs, stacks, rounds and order as real_pipelines (the same code drives both)",
             f"twin: {TWIN_MODEL} on {TWIN_DEVICE} in {TWIN_DTYPE}, {BLOCK_SIZE}-token blocks, {kv_blocks()} blocks "
             f"({KV_SPACE_GIB} GiB, the real engines' KV space); end tokens banned on the real side, so lengths match",
-            "the twin counts prompt tokens with the simulator's rule, not SmolLM2's tokenizer (counts in the table)",
+            "the twin counts prompts with SmolLM2's own tokenizer and chat template (--tokenizer), so prompt "
+            "lengths and prefix blocks are the real engine's (counts in the table)",
         ],
         changed_variable="the engine: the twin instead of vLLM-on-CPU",
         expected="errors within about 20% on TTFT, ITL and throughput; the same A rung chosen; C's hit rates close.",

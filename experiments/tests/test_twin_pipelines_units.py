@@ -13,9 +13,9 @@ from llmlab_experiments import twin_pipelines as m
 def test_the_twin_gets_the_cpu_launch_flags_it_models_and_lists_the_rest() -> None:
     launches = rp.launches_of_pipelines()
     argv, left = m.twin_flags(launches["C"])
-    assert argv == ["--max-num-seqs", "128", "--max-num-batched-tokens", "4096", "--prefix-caching",
-                    "--max-model-len", "8192"]  # fmt: skip
-    assert {x["flag"] for x in left} == {"--enable-chunked-prefill", "--long-prefill-token-threshold"}
+    assert argv == ["--max-num-seqs", "128", "--max-num-batched-tokens", "4096", "--long-prefill-token-threshold",
+                    "2048", "--prefix-caching", "--max-model-len", "8192"]  # fmt: skip
+    assert [x["flag"] for x in left] == ["--enable-chunked-prefill"]
     argv, _ = m.twin_flags(launches["C-no-cache"])
     assert "--no-prefix-caching" in argv and "--prefix-caching" not in argv
     _, left = m.twin_flags(launches["B"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from llmlab_common.runtime import serve, settings_help
@@ -35,6 +36,9 @@ def parse_args(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--kv-cache-tokens", type=int, help="KV-cache capacity for the usage gauges")
     p.add_argument("--seed", type=int, help="seed of the generated text")
     p.add_argument("--chunk-tokens", type=int, help="tokens per streamed chunk (vLLM merges deltas under load)")
+    p.add_argument(
+        "--tokenizer", type=Path, help="a Hugging Face tokenizer directory: count prompts (and key prefix blocks) by it"
+    )
     twin = p.add_argument_group("twin mode (--mode twin: the engine twin's step scheduler, simulated GPU)")
     twin.add_argument("--mode", choices=["fixed", "twin"], help="timing model (default fixed)")
     twin.add_argument("--twin-model", help="model of the roofline cost model (configs/models.yaml)")
@@ -42,6 +46,7 @@ def parse_args(argv: Sequence[str] | None = None) -> dict[str, Any]:
     twin.add_argument("--twin-dtype", help="weights dtype (bf16, fp8, ...)")
     twin.add_argument("--fixed-step-ms", type=float, help="every step lasts this long (pins decode ITL)")
     twin.add_argument("--max-num-batched-tokens", type=int, help="token budget of one step (chunked prefill)")
+    twin.add_argument("--long-prefill-token-threshold", type=int, help="one request's prefill chunk per step (0: none)")
     twin.add_argument("--block-size", type=int, help="KV block size in tokens")
     twin.add_argument("--num-gpu-blocks", type=int, help="KV blocks (0: from the KV calculator)")
     twin.add_argument("--gpu-memory-utilization", type=float, help="for --num-gpu-blocks 0")

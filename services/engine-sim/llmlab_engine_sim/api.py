@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from llmlab_common.messages import Endpoint, Usage
 from llmlab_common.openai_wire import SSE_DONE, ContentChunkEncoder, chunk, completion, object_id, sse, usage_dict
 from llmlab_common.runtime import ServiceState
+from llmlab_twin.sched import chain_keys
 from llmlab_twin.sched import prompt_block_keys as twin_keys
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.types import Receive, Scope, Send
@@ -29,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 from llmlab_engine_sim import protocol, textgen
 from llmlab_engine_sim.engine import SimEngine
 from llmlab_engine_sim.gpu import FixedGpuCollector, gpu_block_size
+from llmlab_engine_sim.hf_tokens import HfPromptTokens
 from llmlab_engine_sim.protocol import ApiError, ParsedRequest
 from llmlab_engine_sim.scheduler import Clock, RequestState, SimRequest
 from llmlab_engine_sim.settings import SimSettings
@@ -338,6 +340,7 @@ def create_app(settings: SimSettings | None = None, *, clock: Clock | None = Non
     )
     app.state.service_state = state
     app.state.engine = engine
+    prompt_tokens = HfPromptTokens(settings.tokenizer) if settings.tokenizer is not None else None
     twin = _install_twin(engine, settings, clock) if settings.mode == "twin" else None
     if twin is None:  # the twin registers its own GPU gauges
         engine.registry.register(
@@ -348,15 +351,23 @@ def create_app(settings: SimSettings | None = None, *, clock: Clock | None = Non
         if not engine.healthy:
             return _error(ApiError(503, "the engine is not serving (starting or draining)"))
         try:
-            parsed = protocol.parse_generation(endpoint, raw, settings.model, settings.max_model_len, settings.flavor)
+            parsed = protocol.parse_generation(
+                endpoint, raw, settings.model, settings.max_model_len, settings.flavor, prompt_tokens
+            )
         except ApiError as e:
             return _error(e)
         req = engine.new_request(parsed)
         if twin is not None:
             bs = settings.block_size
-            twin.submit(
-                req, keys=twin_keys(parsed.prompt_key, parsed.prompt_tokens, bs) if settings.prefix_caching else ()
-            )
+            keys: list[int] = []
+            if settings.prefix_caching:
+                # the real ids' hash chain where a tokenizer gave them (the blocks vLLM would hash)
+                ids = parsed.prompt_ids
+                if ids is not None:
+                    keys = chain_keys(ids, bs)
+                else:
+                    keys = twin_keys(parsed.prompt_key, parsed.prompt_tokens, bs)
+            twin.submit(req, keys=keys)
         else:
             engine.scheduler.submit(req)
         return _GenerationResponse(engine, req, parsed)

@@ -7,8 +7,9 @@ is ``BadRequestError``/``NotFoundError`` and ``code`` the HTTP status, as vLLM s
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from llmlab_common.messages import Endpoint
 
@@ -44,6 +45,14 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
+class PromptTokens(Protocol):
+    """A real tokenizer's prompt ids (``hf_tokens.HfPromptTokens``), when the simulator has one."""
+
+    def chat(self, messages: Sequence[dict[str, Any]]) -> list[int]: ...
+
+    def text(self, prompt: str) -> list[int]: ...
+
+
 @dataclass(slots=True)
 class ParsedRequest:
     endpoint: Endpoint
@@ -63,6 +72,8 @@ class ParsedRequest:
     # (``prompt_key`` is then the conversation before it, so a continuation of the simulator's
     # own output goes on exactly as the uninterrupted answer would have).
     continue_text: str | None = None
+    # The prompt's ids by a real tokenizer (``PromptTokens``); None: counted by the simulator's rule.
+    prompt_ids: list[int] | None = None
 
 
 def load_json_object(raw: bytes) -> dict[str, Any]:
@@ -159,9 +170,15 @@ def _continued_chat_prompt(body: dict[str, Any], flavor: str) -> tuple[int, byte
 
 
 def parse_generation(
-    endpoint: Endpoint, raw: bytes, served_model: str, max_model_len: int, flavor: str = "vllm"
+    endpoint: Endpoint,
+    raw: bytes,
+    served_model: str,
+    max_model_len: int,
+    flavor: str = "vllm",
+    tokens: PromptTokens | None = None,
 ) -> ParsedRequest:
-    """Validate a /v1/chat/completions or /v1/completions body; raises :class:`ApiError`."""
+    """Validate a /v1/chat/completions or /v1/completions body; raises :class:`ApiError`. With ``tokens``
+    the prompt is counted by that tokenizer (a continued chat keeps the simulator's rule)."""
     body = load_json_object(raw)
     model = body.get("model")
     if model is None:
@@ -172,10 +189,14 @@ def parse_generation(
         raise ApiError(404, f"The model `{model}` does not exist.", param="model")
 
     continue_text = None
+    prompt_ids = None
     if endpoint == "chat" and _opt_bool(body, "continue_final_message"):
         prompt_tokens, key, continue_text = _continued_chat_prompt(body, flavor)
     else:
         prompt_tokens, key = _chat_prompt(body) if endpoint == "chat" else _completion_prompt(body)
+        if tokens is not None:
+            prompt_ids = _real_ids(tokens, endpoint, body)
+            prompt_tokens = len(prompt_ids)
 
     max_tokens = _opt_int(body, "max_tokens", 1)
     if endpoint == "chat":
@@ -224,7 +245,18 @@ def parse_generation(
         min_tokens=_opt_int(body, "min_tokens", 0) or 0,
         priority=_opt_int(body, "priority") or 0,
         continue_text=continue_text,
+        prompt_ids=prompt_ids,
     )
+
+
+def _real_ids(tokens: PromptTokens, endpoint: Endpoint, body: dict[str, Any]) -> list[int]:
+    """The prompt's ids by the real tokenizer (the body already validated by the simulator's rule)."""
+    if endpoint == "chat":
+        return tokens.chat(_chat_messages(body))
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    return tokens.text(prompt) if isinstance(prompt, str) else list(prompt)
 
 
 def parse_tokenize(raw: bytes, served_model: str) -> tuple[list[int], bool]:

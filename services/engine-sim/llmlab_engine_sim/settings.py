@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from llmlab_common.settings import ServiceSettings
@@ -40,6 +41,10 @@ class SimSettings(ServiceSettings):
     # one fewer), as vLLM merges output deltas into one chunk when its consumer lags. Tokens wait
     # until a chunk is full, so a count is always exact and a test can rely on it.
     chunk_tokens: int = Field(default=1, ge=1)
+    # A Hugging Face tokenizer directory (tokenizer.json and the chat template): prompts are counted,
+    # and the twin's prefix blocks keyed, by its ids as the real engine would; None: the simulator's
+    # own counting rule (textgen). Needs no model weights.
+    tokenizer: Path | None = None
 
     # -- timing model -----------------------------------------------------------------------------
     # "fixed": the constant TTFT/ITL model above (the default). "twin": the engine twin's step
@@ -52,6 +57,8 @@ class SimSettings(ServiceSettings):
     # Twin: every step lasts this long instead of the cost model's time (pins decode ITL).
     fixed_step_ms: float | None = Field(default=None, gt=0)
     max_num_batched_tokens: int = Field(default=8192, ge=1)
+    # vLLM's --long-prefill-token-threshold: one request's prefill chunk per step at most (0: none).
+    long_prefill_token_threshold: int = Field(default=0, ge=0)
     block_size: int = Field(default=16, ge=1)
     # Twin KV blocks; None: kv_cache_tokens // block_size; 0: from the KV calculator
     # (GPU memory x gpu_memory_utilization - weights, llmlab_twin.kvcalc).

@@ -269,6 +269,7 @@ def twin_scheduler_from_settings(
     cfg = TwinConfig(
         max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens,
+        long_prefill_token_threshold=s.long_prefill_token_threshold,
         kv=KVConfig(
             num_gpu_blocks=blocks,
             block_size=s.block_size,
