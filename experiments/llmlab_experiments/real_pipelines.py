@@ -694,11 +694,10 @@ def report(
         unverified=[
             "the GPU-only flags listed in the flags table (memory utilisation, tensor parallelism, FP8)",
             "pipeline D (FP8 weights and KV cache: GPU only)",
-            "the same traces through the engine twin configured as this CPU, side by side (issue 20, not done yet)",
             "SGLang's flags of each pipeline (no CPU build)",
         ],
-        next_experiment="the twin side by side on these traces; routing by request class across the three; the "
-        "§2 table at the tutorial's sizes.",
+        next_experiment="the twin side by side on these traces (make pipelines-twin); routing by request class "
+        "across the three; the §2 table at the tutorial's sizes.",
     )
     doc_rows = {"runs": rows, "summary": summary, "servers": servers,
                 "cpu_launch": {k: vars(v) for k, v in launches.items()}, "sizes": vars(s)}  # fmt: skip

@@ -188,7 +188,7 @@ def prompt_tokens_per_request(rows: list[dict[str, Any]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for key in ("A", "B", "C", "C-no-cache"):
         rs = [r for r in rows if r["engine"] == key]
-        n = sum(r["requests"]["total"] for r in rs)
+        n = sum(r["requests"]["ok"] for r in rs)  # a request refused at admission never reached the engine
         if n:
             out[key] = round(sum(r["engine_counters_delta"]["prompt_tokens_total"] for r in rs) / n, 1)
     return out
@@ -300,6 +300,7 @@ def report(
         compared_with=f"results/{REAL}" if compared else why_not,
     )
     a = summary["A"]
+    n_failed = sum(r["requests"]["failed"] for r in rows)
     worst = max((r for r in compared if r["error_pct"] is not None), key=lambda r: abs(r["error_pct"]), default=None)
     note = Note(
         title="Pipelines A, B and C through the engine twin configured as this CPU, beside the real run",
@@ -325,7 +326,8 @@ def report(
                 if worst is not None
                 else ""
             )
-            + "."
+            + ". "
+            + (f"{n_failed} requests FAILED (see results.json)." if n_failed else "Every request succeeded.")
         ),
         interpretation=(
             "Where the error is large, the table's cells say which part of the engine the twin gets wrong: queueing "
