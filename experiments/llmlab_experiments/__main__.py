@@ -14,6 +14,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from llmlab_loadtest.bench_meta import write_index
+
 from llmlab_experiments.note import command_line
 
 log = logging.getLogger("llmlab_experiments")
@@ -60,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed.append(name)
             continue
         log.info("experiment %s: wrote %s in %.1fs", name, out, time.monotonic() - t0)
+    if args.out.is_dir():
+        # results/README.md indexes every folder, as each benchmark run rewrites it
+        write_index(args.out)
     if failed:
         log.error("failed: %s", ", ".join(failed))
     return 1 if failed else 0
