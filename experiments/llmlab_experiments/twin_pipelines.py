@@ -64,6 +64,7 @@ METRICS = (
     ("itl_ms.p50", ".0f"),
     ("prefix_hit_rate", ".2f"),
     ("preemptions", ".0f"),
+    ("short_ttft_p95_ms", ".0f"),  # C's cells only
 )
 
 
@@ -140,7 +141,7 @@ def side_by_side(twin: dict[str, Any], real: dict[str, Any]) -> list[dict[str, A
     tc, rc = cells(twin), cells(real)
     rows: list[dict[str, Any]] = []
     for cell in (c for c in tc if c in rc):
-        for metric, _ in (*METRICS, ("short_ttft_p95_ms", ".0f")):
+        for metric, _ in METRICS:
             if metric not in tc[cell] or metric not in rc[cell]:
                 continue
             t, r = tc[cell][metric]["mean"], rc[cell][metric]["mean"]
@@ -158,7 +159,7 @@ def mean_abs_error(rows: list[dict[str, Any]]) -> dict[str, float | None]:
 
 
 def side_table(rows: list[dict[str, Any]]) -> str:
-    fmt = dict((*METRICS, ("short_ttft_p95_ms", ".0f")))
+    fmt = dict(METRICS)
     by_cell: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
         by_cell.setdefault(r["cell"], {})[r["metric"]] = r
@@ -235,7 +236,7 @@ def report(
 
     from llmlab_testkit.vllm import SERVED_NAME
 
-    left = {k: twin_flags(v)[1] for k, v in launches.items()}
+    blocks = kv_blocks()
     mae = mean_abs_error(compared)
     tok_line = ", ".join(
         f"{k} {tokens['twin'][k]:.0f} (real {tokens['real'][k]:.0f})" if k in tokens["real"] else f"{k} {v:.0f}"
@@ -267,13 +268,13 @@ def report(
         "|---|---|---|",
     ]
     for key, launch in launches.items():
-        argv, _ = twin_flags(launch)
-        not_mod = "; ".join(f"`{x['flag']} {x['value']}`: {x['reason']}" for x in left[key]) or "none"
+        argv, left = twin_flags(launch)
+        not_mod = "; ".join(f"`{x['flag']} {x['value']}`: {x['reason']}" for x in left) or "none"
         md.append(f"| {key} | `{' '.join(argv)}` | {not_mod} |")
     md += [
         "",
         f"All pipelines: `--mode twin --twin-model {TWIN_MODEL} --twin-device {TWIN_DEVICE} --twin-dtype {TWIN_DTYPE} "
-        f"--block-size {BLOCK_SIZE} --num-gpu-blocks {kv_blocks()}` ({KV_SPACE_GIB} GiB of fp32 KV, as the real "
+        f"--block-size {BLOCK_SIZE} --num-gpu-blocks {blocks}` ({KV_SPACE_GIB} GiB of fp32 KV, as the real "
         "engines had).",
     ]
     meta = metadata(
@@ -295,7 +296,7 @@ def report(
             "device": TWIN_DEVICE,
             "dtype": TWIN_DTYPE,
             "block_size": BLOCK_SIZE,
-            "num_gpu_blocks": kv_blocks(),
+            "num_gpu_blocks": blocks,
         },
         compared_with=f"results/{REAL}" if compared else why_not,
     )
@@ -311,7 +312,7 @@ def report(
         ),
         fixed_conditions=[
             "the same workloads, SLOs, stacks, rounds and order as real_pipelines (the same code drives both)",
-            f"twin: {TWIN_MODEL} on {TWIN_DEVICE} in {TWIN_DTYPE}, {BLOCK_SIZE}-token blocks, {kv_blocks()} blocks "
+            f"twin: {TWIN_MODEL} on {TWIN_DEVICE} in {TWIN_DTYPE}, {BLOCK_SIZE}-token blocks, {blocks} blocks "
             f"({KV_SPACE_GIB} GiB, the real engines' KV space); end tokens banned on the real side, so lengths match",
             "the twin counts prompts with SmolLM2's own tokenizer and chat template (--tokenizer), so prompt "
             "lengths and prefix blocks are the real engine's (counts in the table)",

@@ -20,7 +20,6 @@ class HfPromptTokens:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
         from tokenizers import Tokenizer
 
-        self.directory = directory
         self._tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
         config = directory / "tokenizer_config.json"
         settings: dict[str, Any] = json.loads(config.read_text()) if config.exists() else {}

@@ -117,18 +117,24 @@ def _stop_list(body: dict[str, Any]) -> list[str]:
     raise bad_request("stop must be a string or a list of strings", "stop")
 
 
-def _completion_prompt(body: dict[str, Any]) -> tuple[int, bytes]:
+Prompt = tuple[int, bytes, list[int] | None]  # (prompt tokens, canonical key, the real tokenizer's ids or None)
+
+
+def _completion_prompt(body: dict[str, Any], tokens: PromptTokens | None = None) -> Prompt:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        return textgen.count_text_tokens(prompt), textgen.prompt_key(prompt)
+        if tokens is not None:
+            ids = tokens.text(prompt)
+            return len(ids), textgen.prompt_key(prompt), ids
+        return textgen.count_text_tokens(prompt), textgen.prompt_key(prompt), None
     if (
         isinstance(prompt, list)
         and prompt
         and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
     ):
-        return len(prompt), textgen.prompt_key(prompt)
+        return len(prompt), textgen.prompt_key(prompt), list(prompt) if tokens is not None else None
     if prompt is None:
         raise bad_request("prompt is required", "prompt")
     if isinstance(prompt, list) and len(prompt) > 1:
@@ -146,9 +152,12 @@ def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
-def _chat_prompt(body: dict[str, Any]) -> tuple[int, bytes]:
+def _chat_prompt(body: dict[str, Any], tokens: PromptTokens | None = None) -> Prompt:
     messages = _chat_messages(body)
-    return textgen.count_chat_tokens(messages), textgen.prompt_key(messages)
+    if tokens is not None:
+        ids = tokens.chat(messages)
+        return len(ids), textgen.prompt_key(messages), ids
+    return textgen.count_chat_tokens(messages), textgen.prompt_key(messages), None
 
 
 def _continued_chat_prompt(body: dict[str, Any], flavor: str) -> tuple[int, bytes, str]:
@@ -192,11 +201,10 @@ def parse_generation(
     prompt_ids = None
     if endpoint == "chat" and _opt_bool(body, "continue_final_message"):
         prompt_tokens, key, continue_text = _continued_chat_prompt(body, flavor)
+    elif endpoint == "chat":
+        prompt_tokens, key, prompt_ids = _chat_prompt(body, tokens)
     else:
-        prompt_tokens, key = _chat_prompt(body) if endpoint == "chat" else _completion_prompt(body)
-        if tokens is not None:
-            prompt_ids = _real_ids(tokens, endpoint, body)
-            prompt_tokens = len(prompt_ids)
+        prompt_tokens, key, prompt_ids = _completion_prompt(body, tokens)
 
     max_tokens = _opt_int(body, "max_tokens", 1)
     if endpoint == "chat":
@@ -247,16 +255,6 @@ def parse_generation(
         continue_text=continue_text,
         prompt_ids=prompt_ids,
     )
-
-
-def _real_ids(tokens: PromptTokens, endpoint: Endpoint, body: dict[str, Any]) -> list[int]:
-    """The prompt's ids by the real tokenizer (the body already validated by the simulator's rule)."""
-    if endpoint == "chat":
-        return tokens.chat(_chat_messages(body))
-    prompt = body["prompt"]
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
-    return tokens.text(prompt) if isinstance(prompt, str) else list(prompt)
 
 
 def parse_tokenize(raw: bytes, served_model: str) -> tuple[list[int], bool]:
