@@ -53,11 +53,11 @@ def summary(path: Path, top: int = 8) -> dict[str, Any]:
     }
 
 
-def py_spy(pid: int, out: Path, seconds: float | None = None) -> subprocess.Popen[bytes]:
-    """py-spy sampling a process's GIL-held stacks at 100 Hz without pausing it, into a raw profile
+def py_spy(pid: int, out: Path, seconds: float | None = None, rate_hz: int = 100) -> subprocess.Popen[bytes]:
+    """py-spy sampling a process's GIL-held stacks at ``rate_hz`` without pausing it, into a raw profile
     at ``out``: for ``seconds``, or until it gets SIGINT (it writes the profile then)."""
     exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     duration = [] if seconds is None else ["-d", str(max(1, int(seconds)))]
-    cmd = [exe, "record", "--pid", str(pid), *duration, "-r", "100", "--format", "raw", "-o", str(out),
+    cmd = [exe, "record", "--pid", str(pid), *duration, "-r", str(rate_hz), "--format", "raw", "-o", str(out),
            "--nonblocking", "--gil"]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -116,6 +116,9 @@ class BenchConfig:
     nats_url: str = os.environ.get("LLMLAB_NATS_URL", "nats://127.0.0.1:4222")
     dirty: bool = False  # --dirty: measure a modified tree (the result says so)
     profile: bool = True  # one py-spy-profiled stack run per level after the measured ones
+    # py-spy's rate: a short run of a light process (one stream, a few requests) holds the GIL for a few ms in
+    # all, under one sample at 100 Hz on a fast host
+    profile_hz: int = 100
     render: Path | None = None  # --render: only rewrite the reports of this saved run
 
     @property
@@ -222,6 +225,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         "--dirty", action="store_true", help="measure a modified tree (refused otherwise; the result says so)"
     )
     p.add_argument("--no-profile", action="store_true", help="skip the py-spy-profiled stack run of each level")
+    p.add_argument("--profile-hz", type=int, default=100, help="py-spy's sampling rate in the profiled runs")
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     logging.basicConfig(
@@ -271,6 +275,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         stack=a.stack or ("full" if gpu or cap or thousand else "relay"),
         dirty=a.dirty,
         profile=not a.no_profile,
+        profile_hz=a.profile_hz,
         workload=a.workload,
         gateway_processes=a.gateway_processes,
         worker_processes=a.worker_processes,
@@ -874,7 +879,10 @@ class Bench:
         with contextlib.suppress(psutil.Error):
             sampler.add("client", psutil.Process(self.client.pid))
         spies = (
-            [py_spy(self.services[n].pid, profile_dir / f"{n}-{level}.txt") for n in ("gateway", "worker")]
+            [
+                py_spy(self.services[n].pid, profile_dir / f"{n}-{level}.txt", rate_hz=c.profile_hz)
+                for n in ("gateway", "worker")
+            ]
             if profile_dir is not None
             else []
         )

@@ -107,7 +107,13 @@ def test_a_ci_sized_ladder_writes_its_steps_and_a_report_that_matches_them(tmp_p
     argv += ["--classes", "short,chat"]
     assert ladder.main([*argv, "--out", str(results)]) == 0
     steps = ladder.load_steps(results / "ci")
-    assert [s["step"] for s in steps] == [1, 2, 4], [(s["step"], s.get("stop_reason")) for s in steps]
+    # Twins of H100s hold the SLO at 4 streams, but a loaded 2-core CI host can lag past it (CI of
+    # 5d84aa5: TTFT p95 1.9 s at 2 streams). Then the ladder must stop exactly there: every step
+    # before the last within the SLO, the last one run and the reason it stopped written.
+    seen = [(s["step"], s.get("stop_reason")) for s in steps]
+    assert [s["step"] for s in steps] == [1, 2, 4][: len(steps)] and steps, seen
+    assert all(reason is None for _, reason in seen[:-1]), seen
+    assert len(steps) == 3 or seen[-1][1], seen
     for s in steps:
         records = ladder.read_records_csv(results / "ci" / f"step-{s['step']:04d}-requests.csv.gz")
         # Every answer k6 counted has its record; k6 drops the metrics (not the record) of a

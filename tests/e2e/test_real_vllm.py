@@ -113,27 +113,29 @@ async def test_settlement_charges_the_tokens_real_vllm_counted(stack: Stack, vll
 
 async def test_worker_killed_mid_stream_is_continued_by_real_vllm(stack: Stack, vllm_url: str) -> None:
     """Mid-stream failover on the real engine: two workers drive one vLLM server; the one serving
-    a stream is SIGKILLed after 6 chunks, and the other asks vLLM to continue the delivered text
+    a stream is SIGKILLed at its first chunk, and the other asks vLLM to continue the delivered text
     (continue_final_message, add_generation_prompt false) with max_tokens reduced by it."""
     workers = [stack.worker("vllm", "cpu-vllm", vllm_url, max_concurrency=1, worker_id=f"w-{i}") for i in (1, 2)]
     gw = stack.gateway(queue_timeout_s=30)
     body = {
         "model": SERVED_NAME,
         "messages": [{"role": "user", "content": "Write a long story about a cat."}],
-        # Long enough that the stream still runs once the test has found its worker and counted
-        # 6 chunks: CI once found no worker holding a 48-token answer (it had finished).
-        "max_tokens": 96,
+        # Long enough that the stream still runs once the test has found its worker: CI found no
+        # worker holding a 48-token answer, once none within 5 s holding a 96-token one (~3 s on an
+        # idle host; 256 take ~8 s), and once a 256-token answer done by its 6th chunk (a loaded host
+        # packs many tokens per chunk): the kill now comes at the first chunk.
+        "max_tokens": 256,
         "temperature": 0,
         # No end-of-text (SmolLM2's ids 0-2): the answer runs to max_tokens, so the count is exact.
         "logit_bias": {"0": -100, "1": -100, "2": -100},
     }
-    got, before, _ = await kill_mid_stream(url(gw), body, workers, after=6)
+    got, before, _ = await kill_mid_stream(url(gw), body, workers, after=1)
     ref = await relay(url(gw), body)  # the same greedy request, never interrupted
     assert got.status == 200 and not got.errors and got.done == 1, got.errors
     assert len(set(got.ids)) == 1 and got.finishes == ["length"]
     assert metric(gw, "llmlab_gateway_stream_resumes_total", status="200") == 1
     # Every token the client received counted once: the continuation was asked for what was left.
-    assert got.usage["completion_tokens"] == ref.usage["completion_tokens"] == 96
+    assert got.usage["completion_tokens"] == ref.usage["completion_tokens"] == 256
     # The original prompt, up to vLLM re-tokenizing the delivered text at its boundary.
     assert abs(got.usage["prompt_tokens"] - ref.usage["prompt_tokens"]) <= 2, (got.usage, ref.usage)
     assert len(got.pieces) > before

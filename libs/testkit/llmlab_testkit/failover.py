@@ -93,16 +93,26 @@ async def kill_mid_stream(
     call = asyncio.create_task(relay(base, body, endpoint=endpoint, api_key=api_key, pieces_seen=seen, timeout=timeout))
     n = await asyncio.wait_for(seen.get(), timeout)
     holders: list[ManagedProcess] = []
+    scraped: list[list[float]] = []
 
     def held() -> bool:
-        holders[:] = [w for w in workers if metric(w, "llmlab_worker_in_flight_requests") >= 1]
+        scraped.append([metric(w, "llmlab_worker_in_flight_requests") for w in workers])
+        holders[:] = [w for w, busy in zip(workers, scraped[-1], strict=True) if busy >= 1]
         return len(holders) == 1
 
     # The holder is found at the first chunk, not at the ``after``-th: scraping the workers takes
     # long enough for a fast engine (real vLLM on CPU) to finish the answer before the kill.
-    await eventually(held, timeout=5, what="the worker that serves the stream")
+    try:
+        await eventually(held, timeout=5, what="the worker that serves the stream")
+    except AssertionError as e:
+        chunks = seen.qsize() + n
+        raise AssertionError(f"{e}: chunks by now {chunks}, in-flight per worker per scrape {scraped[-20:]}") from None
     while n < after:
         n = await asyncio.wait_for(seen.get(), timeout)
+    if call.done():
+        # Not a failover failure: the engine answered in full before the kill, so nothing could be
+        # continued. A fast engine under a loaded host packs many tokens per chunk; kill sooner.
+        raise AssertionError(f"the stream ended before the kill ({n} chunks by then): lower `after`")
     holders[0].kill()  # SIGKILL: no drain, no terminal message, heartbeats stop
     # What reached the client before the kill: the pieces counted by now (more may be in flight).
     while not seen.empty():

@@ -48,8 +48,9 @@ class AttributeRequest(BaseModel):
     period, instead of waiting for the loop (``attribution_lag_s`` after each period closes)."""
 
     model_config = ConfigDict(extra="forbid")
-    start: float = Field(gt=0)
-    end: float | None = Field(default=None, gt=0)
+    # Strict: a JSON true is not the time 1.0 (the document says number; fuzz of 5d84aa5 sent {"end": true}).
+    start: float = Field(gt=0, strict=True)
+    end: float | None = Field(default=None, gt=0, strict=True)
 
 
 class AttributeResponse(BaseModel):

@@ -204,6 +204,12 @@ def test_attribute_endpoint_runs_every_aligned_period_up_to_now() -> None:
     assert r.status_code == 200 and calls and max(t1 for _, t1 in calls) <= time.time()
     r = c.post("/admin/v1/attribute", json={"start": 1, "end": 10**9}, headers=ok)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_value"
+    # Not a number, though Python would make one of it: refused as the document says, nothing attributed.
+    calls.clear()
+    for bad in ({"start": 1_000_030, "end": True}, {"start": True}, {"start": "1000030"}):
+        r = c.post("/admin/v1/attribute", json=bad, headers=ok)
+        assert r.status_code in (400, 422) and "error" in r.json(), (bad, r.text)
+    assert calls == []
 
 
 def test_dev_admin_key_is_refused_in_prod(monkeypatch: pytest.MonkeyPatch) -> None:
