@@ -76,7 +76,16 @@ from llmlab_lab.twin_calibrate import (
 log = logging.getLogger(__name__)
 
 MODEL = "SmolLM2-135M-Instruct"
-DEVICE = "cpu-local"
+DEVICE = "cpu-local"  # the twin's device; --device replaces it for a run (set_device)
+
+
+def set_device(name: str) -> None:
+    """The device every twin simulation of this run uses (checked against hardware.yaml first)."""
+    global DEVICE
+    get_device(name)
+    DEVICE = name
+
+
 OUT_STEM = "twin-calibration-cpu"
 # Token ids drawn for synthetic prompts: ordinary vocabulary (SmolLM2's special tokens are the first ids).
 TOKEN_LO, TOKEN_HI = 1000, 40000
@@ -979,7 +988,8 @@ def render_md(report: Mapping[str, Any]) -> str:
         "# Engine twin vs real vLLM on this CPU (SmolLM2-135M-Instruct)",
         "",
         "**real vLLM-CPU** = measured on this machine; **simulated twin** = the roofline twin's output (virtual "
-        "time, closed loop, `StepScheduler` + `RooflineCostModel` on `cpu-local`). Every twin figure is simulated.",
+        f"time, closed loop, `StepScheduler` + `RooflineCostModel` on `{report['device']}`). Every twin figure is "
+        "simulated.",
         "",
         f"Command: `{meta['command_line']}` · date {meta['date']} · git {meta['git_commit'][:12]}"
         f"{' (dirty tree)' if meta.get('git_dirty') else ''} · {meta['cpu']} · {meta['ram']}",
@@ -1001,7 +1011,7 @@ def render_md(report: Mapping[str, Any]) -> str:
         "",
     ]
     lines += [
-        "## Fitted parameters (cpu-local)",
+        f"## Fitted parameters ({report['device']})",
         "",
         "| variant | compute_eff | bw_eff | step_overhead | token_overhead | per-decode-seq overhead |",
     ]
@@ -1156,7 +1166,7 @@ def _metadata(report: Mapping[str, Any], started: dt.datetime, dur: float, comma
         model_revision="local conversion at ~/.cache/llm-inference-lab/models/SmolLM2-135M-Instruct (bf16 weights, "
         "served as fp32)",
         engine_version=f"vllm-cpu {version} (torch CPU), --enforce-eager",
-        gpu="none: real vLLM runs on the CPU; the twin's figures are simulated for device cpu-local",
+        gpu="none: real vLLM runs on the CPU; the twin's figures are simulated for device " + report["device"],
         simulated_note="Columns/keys labelled simulated are engine-twin outputs; the others are measured here.",
         runs_per_cell=2 if not quick else 1,
         machine_shared="yes: other agents' work ran on the same 2 cores; load average recorded per run",
@@ -1187,7 +1197,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse", help="a previous JSON: refit and re-simulate its measurements, no vLLM run")
     ap.add_argument("--out-dir", default="results")
     ap.add_argument("--client-gap-ms", type=float, default=0.0, help="simulated client turnaround per request")
+    ap.add_argument(
+        "--device",
+        default=DEVICE,
+        help="the hardware.yaml device the twin side uses (its peak FLOP/s and bandwidth; the efficiencies are "
+        "fitted): cpu-local (AVX2 hosts), cpu-local-zen4 or cpu-local-avx512 (Zen 5)",
+    )
     args = ap.parse_args(argv)
+    set_device(args.device)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     started = dt.datetime.now(dt.UTC)
     t0 = time.perf_counter()

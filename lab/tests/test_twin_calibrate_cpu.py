@@ -173,3 +173,17 @@ def test_engine_from_servers_takes_vllm_cache_config() -> None:
     assert engine_from_servers(ENGINE, [{"log_facts": {}}]) == ENGINE
     # fp32 KV: 2 x 30 layers x 3 heads x 64 x 4 B = 46,080 B/token; 1 GiB / (128 x 46,080) = 182 blocks.
     assert EngineConfig().kv_blocks(get_model("SmolLM2-135M-Instruct")) == 182
+
+
+def test_device_option_swaps_the_twins_device_and_refuses_an_unknown_one() -> None:
+    import llmlab_lab.twin_calibrate_cpu as tc
+
+    before = tc.DEVICE
+    try:
+        tc.set_device("cpu-local-avx512")
+        assert tc.DEVICE == "cpu-local-avx512"
+        with pytest.raises(ValueError, match="unknown device"):  # CatalogError
+            tc.set_device("cpu-nowhere")
+        assert tc.DEVICE == "cpu-local-avx512"
+    finally:
+        tc.set_device(before)

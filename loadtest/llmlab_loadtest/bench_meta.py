@@ -33,14 +33,40 @@ def git(*args: str) -> str:
         return ""
 
 
-def cpu_model() -> str:
+# The vector instructions that set an engine's speed on a CPU. The hosts these runs land on differ between
+# sessions with the same "model name" ("AMD EPYC": an AVX2-only host and an AVX-512 + bf16 one ran vLLM at 103 and
+# 45 ms per token), so results are compared only where this field matches.
+# avx512_vp2intersect tells the Zen 5 hosts from the Zen 4 ones (both AVX-512 with bf16, vLLM's decode about twice
+# as fast on Zen 5): configs/hardware.yaml has a twin device per class.
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vp2intersect", "amx_bf16")
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name (with its family and model numbers where /proc/cpuinfo gives them: a VM's "AMD EPYC"
+    names several generations), cores and vector ISA (from ``/proc/cpuinfo``, or the text given)."""
     model = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return f"{model}, {psutil.cpu_count(logical=True)} logical cores ({psutil.cpu_count(logical=False)} physical)"
+    family = number = None
+    flags: set[str] = set()
+    if cpuinfo is None:
+        with contextlib.suppress(OSError):
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+    for line in (cpuinfo or "").splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "model name" and model == "unknown":
+            model = value
+        elif key == "cpu family" and family is None:
+            family = value
+        elif key == "model" and number is None:
+            number = value
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    if family is not None and number is not None:
+        model += f" (family {family} model {number})"
+    isa = "+".join(f for f in ISA_FLAGS if f in flags) or "no AVX2"
+    return (
+        f"{model}, {psutil.cpu_count(logical=True)} logical cores ({psutil.cpu_count(logical=False)} physical), {isa}"
+    )
 
 
 def dist_version(dist: str) -> str:
@@ -177,14 +203,19 @@ def write_outputs(
     except Exception:
         log.exception("plot failed (the JSON and Markdown are written)")
         paths.pop("png")
-    latest = out_dir / prefix / LATEST
+    paths["latest"] = point_latest(run_dir)
+    write_index(out_dir)
+    return paths
+
+
+def point_latest(run_dir: Path) -> Path:
+    """``<run_dir>/../latest`` points at ``run_dir`` (a relative symlink)."""
+    latest = run_dir.parent / LATEST
     tmp = latest.with_name(LATEST + ".tmp")
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(run_dir.name)
     tmp.replace(latest)  # atomic: a reader sees the old run or the new one
-    paths["latest"] = latest
-    write_index(out_dir)
-    return paths
+    return latest
 
 
 LATEST = "latest"

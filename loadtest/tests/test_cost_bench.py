@@ -162,3 +162,19 @@ def test_each_repeat_has_its_own_slope() -> None:
     )
     assert f["relay_us_per_token_by_repeat"] == pytest.approx([119.3, 51.6], abs=0.15)  # parts rounded to 0.1
     assert f["relay_us_per_token"] == pytest.approx(85.5, abs=0.1)
+
+
+def test_the_cpu_field_tells_hosts_of_one_model_name_apart_by_their_vector_isa() -> None:
+    avx2 = "model name\t: AMD EPYC\nflags\t\t: fpu sse2 fma avx avx2\n"
+    avx512 = "model name\t: AMD EPYC\nflags\t\t: fpu sse2 fma avx avx2 avx512f avx512bw avx512_bf16\n"
+    assert bench_meta.cpu_model(avx2).endswith(", avx2")
+    assert bench_meta.cpu_model(avx512).endswith(", avx2+avx512f+avx512_bf16")
+    assert bench_meta.cpu_model(avx2).startswith("AMD EPYC, ")
+    assert bench_meta.cpu_model("model name : x\nflags : sse2\n").endswith(", no AVX2")
+    # two AVX-512 generations under one model name: the family/model numbers and vp2intersect tell them apart
+    zen4 = "cpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\nflags\t\t: avx2 avx512f avx512_bf16\n"
+    zen5 = zen4.replace("25", "26").replace(": 17", ": 2").replace("bf16\n", "bf16 avx512_vp2intersect\n")
+    assert bench_meta.cpu_model(zen4).startswith("AMD EPYC (family 25 model 17), ")
+    assert bench_meta.cpu_model(zen4).endswith(", avx2+avx512f+avx512_bf16")
+    assert bench_meta.cpu_model(zen5).startswith("AMD EPYC (family 26 model 2), ")
+    assert bench_meta.cpu_model(zen5).endswith(", avx2+avx512f+avx512_bf16+avx512_vp2intersect")

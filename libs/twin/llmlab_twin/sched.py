@@ -419,6 +419,25 @@ class StepScheduler:
         if self.finished is not None:
             self.finished.append(s)
 
+    def _cache_blocks(self, s: TwinSeq, tokens: int, t: float) -> None:
+        """Enter ``s``'s full blocks up to ``tokens`` into the prefix cache (each one's key chained on the last)."""
+        cache = self.kv.cache
+        if cache is None or s.broken or s.own is not None:
+            return
+        keys = s.keys
+        held = s.held
+        i = len(held)
+        full = tokens // self.bs
+        parent = held[-1] if held else None
+        while i < full and i < len(keys):
+            e = cache.insert(keys[i], parent, i, t, s.priority)
+            if e is None:
+                s.broken = True
+                return
+            held.append(e)
+            parent = e
+            i += 1
+
     def _start_step(self, t: float) -> float | None:
         if not self.num_running and not self.num_waiting:
             return None
@@ -474,6 +493,15 @@ class StepScheduler:
                 chunks.append((s, n, s.computed))
                 budget -= n
 
+        # vLLM V1 registers a request's full blocks in its prefix cache when it schedules them, not when they are
+        # computed: a request admitted later in the same step already hits them (its attention reads the blocks
+        # the same forward pass writes). SGLang's radix cache takes a prefill's tokens after the forward.
+        at_schedule = kv.cache is not None and kv.cache.style == "vllm"
+        if at_schedule:
+            for s, n, c in chunks:
+                if s.state is SeqState.PREFILL:
+                    self._cache_blocks(s, c + n, t)
+
         # 3. waiting requests, by priority, while budget, slots and blocks last.
         admitted: list[TwinSeq] = []
         if not preempted:
@@ -517,6 +545,8 @@ class StepScheduler:
                 chunks.append((s, n, computed))
                 budget -= n
                 admitted.append(s)
+                if at_schedule:
+                    self._cache_blocks(s, computed + n, t)
 
         n_dec = len(self.decoding)
         if not chunks and not n_dec:
@@ -553,7 +583,6 @@ class StepScheduler:
         assert t is not None
         k = self.k
         bs = self.bs
-        cache = self.kv.cache
         listener = self.listener
         decoded = list(self.decoding.values()) if listener is not None else []
         first: list[TwinSeq] = []
@@ -563,21 +592,7 @@ class StepScheduler:
             if s.state is not SeqState.PREFILL:
                 continue
             s.computed = computed = c + n
-            if cache is not None and not s.broken and s.own is None:
-                keys = s.keys
-                held = s.held
-                i = len(held)
-                full = computed // bs
-                if i < full and i < len(keys):
-                    parent = held[-1] if held else None
-                    while i < full and i < len(keys):
-                        e = cache.insert(keys[i], parent, i, t, s.priority)
-                        if e is None:
-                            s.broken = True
-                            break
-                        held.append(e)
-                        parent = e
-                        i += 1
+            self._cache_blocks(s, computed, t)  # (the vllm style entered them when it scheduled them)
             if computed < s.num_tokens:
                 continue
             # prefill (or recompute) complete: one token is sampled.

@@ -37,6 +37,24 @@ def test_two_requests_sharing_a_prefix(style: str) -> None:
     assert s.kv.used_blocks == 0  # everything reclaimable once both are done
 
 
+@pytest.mark.parametrize(("style", "b_hits"), [("vllm", 64), ("sglang", 0)])
+def test_a_request_admitted_in_the_same_step_hits_the_blocks_scheduled_before_it(style: str, b_hits: int) -> None:
+    """vLLM V1 caches a request's full blocks when it schedules them, so the next request of the same step
+    already hits them (the forward pass writes them before its attention reads them); SGLang's radix cache takes
+    a prefill's tokens after the forward, so there both compute the prefix."""
+    s = make(style)
+    keys = group_keys("sys", 64, 16)
+    a = TwinSeq("a", 100, 2, keys=keys)
+    b = TwinSeq("b", 100, 2, keys=keys)
+    s.add(a, 0.0)
+    s.add(b, 0.0)
+    s.step(0.0)  # one step admits both (100 + 100 - hits <= the 256-token budget)
+    assert a.cached_tokens == 0 and b.cached_tokens == b_hits
+    s.run_until_idle(0.0)
+    assert s.stats.prefix_hits == b_hits and s.stats.prefill_tokens == 200 - b_hits
+    assert s.kv.used_blocks == 0
+
+
 def test_concurrent_requests_share_held_blocks() -> None:
     s = make()
     keys = group_keys("sys", 64, 16)
