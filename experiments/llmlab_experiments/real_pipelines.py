@@ -210,20 +210,26 @@ def engines(launches: dict[str, CpuLaunch], spawn: Spawn = vllm_process) -> Any:
 def stack_for(sv: Served, concurrency: int, queue_timeout_s: float | None = None) -> str:
     """A gateway + worker (of this concurrency) in front of the engine; returns the gateway URL. The gateway's
     queue bound is its plan's SLO class's (the dev key: interactive, 5 s) unless ``queue_timeout_s``."""
-    from llmlab_testkit.e2e import metric
     from llmlab_testkit.procs import Stack, unique_namespace, url
 
     st = Stack(namespace=unique_namespace())
     sv.stacks.append(st)
     st.worker("vllm", "cpu-vllm", sv.engine_url, max_concurrency=concurrency, heartbeat_s=HEARTBEAT_S)
     gw = st.gateway(queue_timeout_s=queue_timeout_s)
-    deadline = time.monotonic() + 30
-    # the gateway routes only to workers it has heard (their heartbeat): before that, 503 no_workers
-    while metric(gw, "llmlab_gateway_live_workers") < 1:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the gateway of {sv.key} heard no worker in 30 s")
-        time.sleep(0.2)
+    wait_workers(gw, 1, sv.key)
     return url(gw)
+
+
+def wait_workers(gw: Any, n: int, what: str, timeout_s: float = 30.0) -> None:
+    """Until the gateway has heard ``n`` workers: it routes only to workers it has heard (their heartbeat);
+    before that, 503 no_workers."""
+    from llmlab_testkit.e2e import metric
+
+    deadline = time.monotonic() + timeout_s
+    while metric(gw, "llmlab_gateway_live_workers") < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the gateway of {what} heard fewer than {n} workers in {timeout_s:g} s")
+        time.sleep(0.2)
 
 
 def measure(
@@ -259,6 +265,7 @@ def measure(
         "tpot_ms": summary["tpot_ms"],
         "e2e_ms": summary["e2e_ms"],
         "output_tokens": summary["output_tokens"],
+        "prompt_tokens": summary["prompt_tokens"],
         "window_s": summary["window_s"],
         "output_tok_s": summary["output_tokens_per_s"],
         "requests_per_s": round(len(records) / window, 4) if window > 0 else None,
@@ -393,13 +400,24 @@ def c_plans(model: str, s: Sizes, rnd: int) -> Plan:
     return plan
 
 
+def nearest_rank(values: Sequence[float], q: float) -> float | None:
+    """The value at rank ``int(q * n)`` of the sorted values (0 < q < 1), rounded to 0.1; None for none. These
+    experiments' few requests per cell report a value that occurred, not an interpolation."""
+    if not values:
+        return None
+    vals = sorted(values)
+    return round(vals[min(len(vals) - 1, int(q * len(vals)))], 1)
+
+
+def short_streams(plan: Plan) -> set[int]:
+    """The streams of C's short chats (how they are told from the documents' questions)."""
+    return {i for i, (_, seq) in enumerate(plan) if seq[0]["max_tokens"] == SHORT_MAX_TOKENS}
+
+
 def short_ttft_p95(records: Sequence[sc.RequestRecord], plan: Plan) -> float | None:
     """The short chats' TTFT p95 (ms): the streams after the documents' (one request each)."""
-    shorts = {i for i, (_, seq) in enumerate(plan) if seq[0]["max_tokens"] == SHORT_MAX_TOKENS}
-    vals = sorted(r.ttft * 1000 for r in records if r.stream in shorts and r.ok and r.ttft is not None)
-    if not vals:
-        return None
-    return round(vals[min(len(vals) - 1, int(0.95 * len(vals)))], 1)
+    shorts = short_streams(plan)
+    return nearest_rank([r.ttft * 1000 for r in records if r.stream in shorts and r.ok and r.ttft is not None], 0.95)
 
 
 # ---- the run ----------------------------------------------------------------------------------------------------
@@ -540,6 +558,7 @@ def summarize_runs(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _c(cell: dict[str, Any], fmt: str = ".0f") -> str:
+    """A ``combine`` cell as these experiments' tables print it: the mean, each round's value in brackets."""
     if cell["mean"] is None:
         return "–"
     runs = ", ".join(format(v, fmt) for v in cell["runs"])

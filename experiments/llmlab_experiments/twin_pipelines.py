@@ -1,8 +1,10 @@
 """Pipelines A, B and C through the engine twin configured as this CPU, beside the real run (issue 20,
 scope 1): the same workloads, SLOs, stacks and rounds as :mod:`llmlab_experiments.real_pipelines`, with the
 engine simulator in twin mode (``--mode twin``: the twin's step scheduler with chunked prefill, paged KV,
-prefix caching and preemption, its step times from the roofline of SmolLM2-135M on ``cpu-local`` in fp32, the
-device fitted against real vLLM on this machine by ``llmlab_lab.twin_calibrate_cpu``) in place of vLLM.
+prefix caching and preemption, its step times from the roofline of SmolLM2-135M in fp32 on the CPU device fitted
+against real vLLM on the real run's host class by ``llmlab_lab.twin_calibrate_cpu``: ``cpu-local`` for the AVX2
+hosts, ``cpu-local-zen4`` and ``cpu-local-avx512`` for the two AVX-512 generations, chosen by ``twin_device``) in
+place of vLLM.
 
 Each pipeline's CPU flags map onto the twin: ``--max-num-seqs``, ``--max-num-batched-tokens``,
 ``--max-model-len`` and prefix caching as written; chunked prefill is how the twin always schedules (as vLLM's
@@ -22,6 +24,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,7 @@ from llmlab_experiments.real_pipelines import (
     ROUNDS,
     CpuLaunch,
     Sizes,
+    Spawn,
     execute,
     launches_of_pipelines,
     summarize_runs,
@@ -44,7 +48,11 @@ log = logging.getLogger(__name__)
 NAME = "twin_pipelines"
 REAL = "real_pipelines"
 TWIN_MODEL = "SmolLM2-135M"
-TWIN_DEVICE = "cpu-local"
+# The CPU devices of configs/hardware.yaml, one per host class these sessions land on, each fitted on its class:
+# vLLM's decode step for one sequence takes ~100 ms on the AVX2 hosts, ~50 on the Zen 4 ones, ~23 on the Zen 5 ones.
+TWIN_DEVICE_AVX2 = "cpu-local"
+TWIN_DEVICE_ZEN4 = "cpu-local-zen4"
+TWIN_DEVICE_ZEN5 = "cpu-local-avx512"
 TWIN_DTYPE = "fp32"  # what the real run serves (real_caching_batching.DTYPE) and the device was fitted on
 BLOCK_SIZE = 128  # vLLM's CPU default (the pipelines do not set --block-size)
 # vLLM flags the simulator takes under the same name
@@ -92,14 +100,30 @@ def twin_flags(launch: CpuLaunch) -> tuple[list[str], list[dict[str, Any]]]:
     return argv, left
 
 
-def twin_command(port: int, launch: CpuLaunch) -> list[str]:
+def twin_device(cpu: str | None = None) -> str:
+    """The twin's CPU device for a host, from the ``cpu`` field of a result's metadata
+    (``llmlab_loadtest.bench_meta.cpu_model``); this host's when none is given. AVX-512 with
+    ``avx512_vp2intersect`` (or family 26) is a Zen 5 part, AVX-512 without it a Zen 4 one. The field named no ISA
+    before 2026-12-06 (read as AVX2, the class every earlier fit was made on) and not ``avx512_vp2intersect`` before
+    the Zen 4 fit (an AVX-512 field of that time is read as Zen 4; the one Zen 5 run, the calibration that fitted
+    ``cpu-local-avx512``, names its device itself)."""
+    from llmlab_loadtest.bench_meta import cpu_model
+
+    cpu = cpu_model() if cpu is None else cpu
+    if "avx512_vp2intersect" in cpu or "(family 26 " in cpu:
+        return TWIN_DEVICE_ZEN5
+    return TWIN_DEVICE_ZEN4 if "avx512f" in cpu else TWIN_DEVICE_AVX2
+
+
+def twin_command(port: int, launch: CpuLaunch, device: str | None = None) -> list[str]:
     from llmlab_testkit.vllm import MODEL_DIR, SERVED_NAME
 
     argv, _ = twin_flags(launch)
+    device = device or twin_device()
     return [
         sys.executable, "-m", "llmlab_engine_sim", "--flavor", "vllm", "--model", SERVED_NAME,
         "--host", "127.0.0.1", "--port", str(port), "--mode", "twin", "--twin-model", TWIN_MODEL,
-        "--twin-device", TWIN_DEVICE, "--twin-dtype", TWIN_DTYPE, "--block-size", str(BLOCK_SIZE),
+        "--twin-device", device, "--twin-dtype", TWIN_DTYPE, "--block-size", str(BLOCK_SIZE),
         "--num-gpu-blocks", str(kv_blocks()),
         # the real model's tokenizer and chat template: the same prompt lengths and prefix blocks as vLLM
         "--tokenizer", str(MODEL_DIR),
@@ -109,13 +133,44 @@ def twin_command(port: int, launch: CpuLaunch) -> list[str]:
     ]  # fmt: skip
 
 
-def twin_process(key: str, port: int, launch: CpuLaunch) -> Any:
-    from llmlab_testkit.procs import ManagedProcess
+def twin_spawner(device: str) -> Spawn:
+    """A ``Spawn`` of twin engines on ``device``."""
 
-    # the simulator refuses to start outside dev without NATS/keys settings it does not use here
-    return ManagedProcess(
-        f"twin-{key}", twin_command(port, launch), {"LLMLAB_ENV": "dev"}, ready_url=f"http://127.0.0.1:{port}/health"
-    )
+    def spawn(key: str, port: int, launch: CpuLaunch) -> Any:
+        from llmlab_testkit.procs import ManagedProcess
+
+        # the simulator refuses to start outside dev without NATS/keys settings it does not use here
+        return ManagedProcess(
+            f"twin-{key}",
+            twin_command(port, launch, device),
+            {"LLMLAB_ENV": "dev"},
+            ready_url=f"http://127.0.0.1:{port}/health",
+        )
+
+    return spawn
+
+
+def twin_process(key: str, port: int, launch: CpuLaunch) -> Any:
+    """A twin engine of this host's class."""
+    return twin_spawner(twin_device())(key, port, launch)
+
+
+def twin_fields(
+    t_start: float, duration: float, command: str, behind: str, device: str | None = None
+) -> dict[str, Any]:
+    """The metadata fields every experiment on this twin shares (as ``cpu_vllm_fields`` for real vLLM)."""
+    import datetime as dt
+
+    from llmlab_testkit.vllm import SERVED_NAME
+
+    return {
+        "started": dt.datetime.fromtimestamp(t_start, dt.UTC),
+        "duration_s": duration,
+        "command": command,
+        "simulated": True,
+        "model_id": f"{SERVED_NAME} (twin: {TWIN_MODEL}, {TWIN_DTYPE})",
+        "engine": f"llmlab-engine-sim --mode twin on {device or twin_device()} {behind}",
+    }
 
 
 # ---- side by side ---------------------------------------------------------------------------------------------
@@ -195,27 +250,37 @@ def prompt_tokens_per_request(rows: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def real_to_compare(
+    out: Path, name: str, same_run: Callable[[dict[str, Any]], bool], what: str
+) -> tuple[dict[str, Any] | None, str, str]:
+    """The real run a twin run is compared with: (its rows, or None with why not; the twin's device). The rows
+    count only when ``same_run`` says they hold the same workload; the device is then the one fitted on the real
+    run's host class (the twin models the host the real run ran on, not necessarily this one), else this host's."""
+    path = out / name / "results.json"
+    if not path.exists():
+        return None, f"no real run at {path}", twin_device()
+    whole = json.loads(path.read_text())
+    if not same_run(whole["rows"]):
+        return None, f"the real run at {path} has other {what}", twin_device()
+    return whole["rows"], "", twin_device(str(whole.get("meta", {}).get("cpu", "")))
+
+
 def run(out: Path, quick: bool, command: str) -> Path:
     s = QUICK if quick else FULL
+    sizes = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(s).items()}
+    real, why_not, device = real_to_compare(
+        out, REAL, lambda doc: doc["sizes"] == sizes, f"sizes ({'quick' if quick else 'full'} here)"
+    )
     t_start = time.time()
     launches = launches_of_pipelines()
-    rows, servers = execute(s, launches, twin_process)
+    rows, servers = execute(s, launches, twin_spawner(device))
     duration = time.time() - t_start
     summary = summarize_runs(rows)
-    real_path = out / REAL / "results.json"
-    real: dict[str, Any] | None = None
-    why_not = ""
-    if not real_path.exists():
-        why_not = f"no real run at {real_path}"
-    else:
-        doc = json.loads(real_path.read_text())["rows"]
-        if doc["sizes"] != {k: list(v) if isinstance(v, tuple) else v for k, v in vars(s).items()}:
-            why_not = f"the real run at {real_path} has other sizes ({'quick' if quick else 'full'} here)"
-        else:
-            real = doc
     compared = side_by_side(summary, real["summary"]) if real else []
     tokens = {"twin": prompt_tokens_per_request(rows), "real": prompt_tokens_per_request(real["runs"]) if real else {}}
-    return report(out, command, s, rows, servers, launches, summary, compared, tokens, why_not, t_start, duration)
+    return report(
+        out, command, s, rows, servers, launches, summary, compared, tokens, why_not, t_start, duration, device
+    )
 
 
 def report(
@@ -231,11 +296,8 @@ def report(
     why_not: str,
     t_start: float,
     duration: float,
+    device: str,
 ) -> Path:
-    import datetime as dt
-
-    from llmlab_testkit.vllm import SERVED_NAME
-
     blocks = kv_blocks()
     mae = mean_abs_error(compared)
     tok_line = ", ".join(
@@ -273,17 +335,12 @@ def report(
         md.append(f"| {key} | `{' '.join(argv)}` | {not_mod} |")
     md += [
         "",
-        f"All pipelines: `--mode twin --twin-model {TWIN_MODEL} --twin-device {TWIN_DEVICE} --twin-dtype {TWIN_DTYPE} "
+        f"All pipelines: `--mode twin --twin-model {TWIN_MODEL} --twin-device {device} --twin-dtype {TWIN_DTYPE} "
         f"--block-size {BLOCK_SIZE} --num-gpu-blocks {blocks}` ({KV_SPACE_GIB} GiB of fp32 KV, as the real "
         "engines had).",
     ]
     meta = metadata(
-        started=dt.datetime.fromtimestamp(t_start, dt.UTC),
-        duration_s=duration,
-        command=command,
-        simulated=True,
-        model_id=f"{SERVED_NAME} (twin: {TWIN_MODEL}, {TWIN_DTYPE})",
-        engine=f"llmlab-engine-sim --mode twin on {TWIN_DEVICE} behind gateway -> NATS -> worker-vllm",
+        **twin_fields(t_start, duration, command, "behind gateway -> NATS -> worker-vllm", device),
         prompt_dataset="as real_pipelines (synthetic, seeded: the same requests)",
         input_length_distribution="as real_pipelines; prompt tokens per request: " + tok_line,
         output_length_distribution=f"fixed: A {s.a_max_tokens}, B {s.b_max_tokens}, C {s.c_max_tokens}, short 4",
@@ -293,7 +350,7 @@ def report(
         rounds=ROUNDS,
         twin={
             "model": TWIN_MODEL,
-            "device": TWIN_DEVICE,
+            "device": device,
             "dtype": TWIN_DTYPE,
             "block_size": BLOCK_SIZE,
             "num_gpu_blocks": blocks,
@@ -312,7 +369,8 @@ def report(
         ),
         fixed_conditions=[
             "the same workloads, SLOs, stacks, rounds and order as real_pipelines (the same code drives both)",
-            f"twin: {TWIN_MODEL} on {TWIN_DEVICE} in {TWIN_DTYPE}, {BLOCK_SIZE}-token blocks, {blocks} blocks "
+            f"twin: {TWIN_MODEL} on {device} (the real run's host class) in {TWIN_DTYPE}, {BLOCK_SIZE}-token "
+            f"blocks, {blocks} blocks "
             f"({KV_SPACE_GIB} GiB, the real engines' KV space); end tokens banned on the real side, so lengths match",
             "the twin counts prompts with SmolLM2's own tokenizer and chat template (--tokenizer), so prompt "
             "lengths and prefix blocks are the real engine's (counts in the table)",
@@ -358,14 +416,24 @@ def report(
 
 
 def plot(compared: list[dict[str, Any]], path: Path) -> None:
+    plot_against_real(
+        compared,
+        path,
+        ("ttft_ms.p50", "tpot_ms.p95", "output_tok_s"),
+        "Pipelines A, B, C: twin against real, per cell (dotted: equal)",
+    )
+
+
+def plot_against_real(compared: list[dict[str, Any]], path: Path, metrics: Sequence[str], title: str) -> None:
+    """The twin's value against the real one, per compared cell, for up to three metrics, log-log."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    shown = [r for r in compared if r["metric"] in ("ttft_ms.p50", "tpot_ms.p95", "output_tok_s")]
-    for metric, marker in (("ttft_ms.p50", "o"), ("tpot_ms.p95", "s"), ("output_tok_s", "^")):
+    shown = [r for r in compared if r["metric"] in metrics]
+    for metric, marker in zip(metrics, ("o", "s", "^"), strict=False):
         pts = [(r["real"], r["twin"]) for r in shown if r["metric"] == metric and r["real"] and r["twin"]]
         if pts:
             ax.scatter(*zip(*pts, strict=True), marker=marker, label=metric)
@@ -377,7 +445,7 @@ def plot(compared: list[dict[str, Any]], path: Path) -> None:
         ax.set_yscale("log")
     ax.set_xlabel("real vLLM on this CPU (MEASURED)")
     ax.set_ylabel("engine twin (SIMULATED)")
-    ax.set_title("Pipelines A, B, C: twin against real, per cell (dotted: equal)")
+    ax.set_title(title)
     if shown:
         ax.legend()
     fig.tight_layout()

@@ -79,3 +79,34 @@ def test_quant_quality_bf16_vllm_vs_q4_llamacpp(tmp_path: Path) -> None:
         speeds = [s for s in rows["speed"] if s["engine"] == eng]
         assert len(speeds) == 2 and all(s["ok"] and s["decode_tok_s"] > 0 for s in speeds)
     assert rows["engines"]["q4_1-llamacpp"]["weights_mb"] < rows["engines"]["bf16-vllm"]["weights_mb"]
+
+
+@pytest.mark.timeout(900)
+def test_the_section2_table_launches_pipelines_a_b_c_for_real(tmp_path: Path) -> None:
+    """The §2 table's code (make pipelines-table) at CI size: A, B and C started for real from their configs."""
+    import itertools
+    import time
+
+    from llmlab_experiments import real_engines as m
+
+    tput = m.Cell("throughput", 4, 1, 32, 8, metric="output_tok_s", higher_is_better=True)
+    cs = (m.Cell("single_ttft", 1, 2, 128, 4), tput, m.Cell("long_in_short_out", 2, 1, 512, 4, metric="ttft_ms.p95"))
+    t0 = time.time()
+    rows, launches = m.execute(cs)
+    doc = _outputs(m.report(tmp_path, "pytest ci-sized", cs, rows, launches, t0, time.time() - t0, True))
+    runs = doc["rows"]["runs"]
+    expected = itertools.product(m.PIPELINES, [c.key for c in cs], range(1, m.ROUNDS + 1))
+    assert sorted((r["engine"], r["cell"], r["round"]) for r in runs) == sorted(expected)
+    for r in runs:
+        c = next(c for c in cs if c.key == r["cell"])
+        n = c.concurrency * c.per_stream
+        assert r["requests"] == {"total": n, "ok": n, "failed": 0}, r["errors"]
+        assert r["output_tokens"] == n * c.output  # end tokens banned: every request its full length
+        # the engine's own count: the words asked for (about a token each) plus the tag and chat template
+        assert c.prompt < r["prompt_tokens"]["max"] < 1.5 * c.prompt + 80
+    for p in m.PIPELINES:
+        # a prompt four times longer takes longer to prefill, on every pipeline's settings
+        by = {r["cell"]: r for r in runs if r["engine"] == p and r["round"] == 1}
+        assert by["long_in_short_out@2"]["ttft_ms"]["p50"] > by["single_ttft@1"]["ttft_ms"]["p50"]
+    assert set(doc["rows"]["winners"]) == {c.key for c in cs}
+    assert "## Winner per workload" in (tmp_path / m.NAME / "table.md").read_text()

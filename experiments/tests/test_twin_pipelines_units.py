@@ -21,8 +21,29 @@ def test_the_twin_gets_the_cpu_launch_flags_it_models_and_lists_the_rest() -> No
     _, left = m.twin_flags(launches["B"])
     assert {x["flag"] for x in left} == {"--enable-chunked-prefill", "--scheduling-policy", "--stream-interval"}
     assert all(x["reason"] for x in left)
-    cmd = m.twin_command(9, launches["A"])
+    cmd = m.twin_command(9, launches["A"], "cpu-local")
     assert cmd[cmd.index("--mode") + 1] == "twin" and cmd[cmd.index("--twin-device") + 1] == "cpu-local"
+
+
+AVX2 = "flags\t\t: fpu sse2 avx avx2 fma\nmodel name\t: AMD EPYC\ncpu family\t: 23\nmodel\t\t: 49\n"
+ZEN4 = "flags\t\t: avx2 fma avx512f avx512bw avx512_bf16\nmodel name\t: AMD EPYC\ncpu family\t: 25\nmodel\t\t: 17\n"
+ZEN5 = ZEN4.replace("avx512_bf16", "avx512_bf16 avx512_vp2intersect").replace("25", "26")
+
+
+def test_the_twins_device_is_the_one_fitted_on_the_real_runs_host_class() -> None:
+    from llmlab_loadtest.bench_meta import cpu_model
+
+    # the metadata's cpu field as bench_meta writes it for each class
+    assert m.twin_device(cpu_model(ZEN5)) == "cpu-local-avx512"
+    assert m.twin_device(cpu_model(ZEN4)) == "cpu-local-zen4"
+    assert m.twin_device(cpu_model(AVX2)) == "cpu-local"
+    # ... and as it read before it named the ISA, then before it named vp2intersect
+    assert m.twin_device("Intel(R) Xeon(R) Processor, 2 logical cores (2 physical)") == "cpu-local"
+    assert m.twin_device("AMD EPYC, 2 logical cores (2 physical), avx2+avx512f+avx512_bf16") == "cpu-local-zen4"
+    # every one is a device of the catalog the simulator loads
+    from llmlab_twin.hwcatalog import get_device
+
+    assert all(get_device(m.twin_device(cpu_model(c))) for c in (AVX2, ZEN4, ZEN5))
 
 
 def test_kv_blocks_hold_the_real_engines_gib() -> None:

@@ -107,7 +107,7 @@ async def test_choice_under_each_policy_through_the_router_service(stack: Stack)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_slo_class"
     # Every decision was made by the router service (none degraded to the gateway), the refused
     # one included; the three malformed requests never reached a decision.
-    log_path = router.decision_log  # type: ignore[attr-defined]
+    log_path = router.decision_log
     await eventually(lambda: len(log_path.read_text().splitlines()) == 10, what="10 records")  # written off-path
     decisions = [json.loads(line) for line in log_path.read_text().splitlines()]
     assert decisions[-1]["decision"]["targets"] == [] and decisions[-1]["decision"]["error_status"] == 422
@@ -159,7 +159,7 @@ async def test_router_explain_reproduces_ten_logged_decisions(stack: Stack) -> N
     for i in range(10):
         r = await chat(gw, **{"x-llmlab-route-policy": policies[i % len(policies)]})
         assert r.status_code == 200, r.text
-    log_path = router.decision_log  # type: ignore[attr-defined]
+    log_path = router.decision_log
     await eventually(lambda: len(log_path.read_text().splitlines()) == 10, what="10 records")
     records = [json.loads(line) for line in log_path.read_text().splitlines()]
     for rec in records:
@@ -262,7 +262,7 @@ async def test_shared_mode_gateways_route_on_each_others_decisions(stack: Stack)
             committed.get_nowait()
     await nc.close()
     chosen: dict[str, str] = {}
-    for log_path in [*stack.workdir.glob("gateway-*-decisions.jsonl"), router.decision_log]:  # type: ignore[attr-defined]
+    for log_path in [*stack.workdir.glob("gateway-*-decisions.jsonl"), router.decision_log]:
         chosen.update(_chosen_workers(log_path))
     for first, second in pairs:
         assert {chosen[first], chosen[second]} == {"smol-w1", "smol-w2"}, pairs

@@ -60,6 +60,10 @@ class RoutingConfig(_Strict):
     stats_window_s: float = Field(default=60.0, gt=0)
     min_samples: int = Field(default=5, ge=1)
     difficulty_floors: dict[str, float] = Field(default_factory=lambda: {"easy": 0.0, "medium": 0.3, "hard": 0.6})
+    # Request classes (llmlab_routing.features.request_class; the ``pipeline`` filter): a prompt this long
+    # is long-context; an interactive request asking at most this many output tokens is latency.
+    class_long_prompt_tokens: int = Field(default=1024, ge=1)
+    class_latency_max_output: int = Field(default=512, ge=1)
     aliases: dict[str, AliasSpec] = Field(default_factory=dict)
     policies: dict[str, PolicySpec] = Field(min_length=1)
 

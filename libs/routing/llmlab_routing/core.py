@@ -15,7 +15,7 @@ from llmlab_common.messages import RouteQuery, RouteReply, RouteTarget
 
 from llmlab_routing.config import CatalogHolder, RouterCatalog
 from llmlab_routing.decide import decide
-from llmlab_routing.features import difficulty_class, length_class
+from llmlab_routing.features import difficulty_class, length_class, request_class
 from llmlab_routing.model import Constraints, Decision, DecisionInputs, DeploymentView, WorkerView
 from llmlab_routing.records import DecisionLog, make_record
 from llmlab_routing.state import LiveState
@@ -180,6 +180,13 @@ class RouterCore:
             load_bound=routing.load_bound,
             seed=self._seed(),
             deployments=deps,
+            request_class=request_class(
+                q.prompt_tokens,
+                q.max_output_tokens,
+                constraints.slo_ttft_s is not None,
+                routing.class_long_prompt_tokens,
+                routing.class_latency_max_output,
+            ),
         )
 
     # -- the call ------------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ from typing import Any, Literal
 
 DifficultyClass = Literal["easy", "medium", "hard"]
 LengthClass = Literal["short", "medium", "long_input", "long_output"]
+# A request's class names the catalog pipeline made for it (llmlab_common.catalog.Pipeline).
+RequestClass = Literal["latency", "throughput", "long_context"]
 
 _REASONING = re.compile(
     r"\b(prove|proof|derive|derivation|analy[sz]e|analysis|compare|contrast|design|architect|optimi[sz]e|"
@@ -79,6 +81,21 @@ def length_class(prompt_tokens: int, max_output_tokens: int) -> LengthClass:
     if prompt_tokens < 1024 and max_output_tokens <= 256:
         return "short"
     return "medium"
+
+
+def request_class(
+    prompt_tokens: int, max_output_tokens: int, ttft_bound: bool, long_prompt_tokens: int, latency_max_output: int
+) -> RequestClass:
+    """Which pipeline a request is made for (tutorial §2.3): a long prompt wants the long-context pipeline
+    (prefix caching, a big context, long prefills that do not stall the rest); a request whose SLO class bounds
+    its TTFT (``interactive``), with a bounded answer, the latency pipeline; everything else, traffic without a
+    TTFT bound (``batch``) or a long answer, the throughput pipeline. The prompt's length decides first: a long
+    prefill is what hurts a latency pipeline's neighbours most."""
+    if prompt_tokens >= long_prompt_tokens:
+        return "long_context"
+    if ttft_bound and max_output_tokens <= latency_max_output:
+        return "latency"
+    return "throughput"
 
 
 def _content_text(content: Any) -> str:

@@ -107,6 +107,8 @@ class DecisionInputs:
     load_bound: float
     seed: int
     deployments: list[DeploymentView]
+    # the pipeline the request is made for (features.request_class); defaulted: records logged before it replay
+    request_class: str = "latency"
 
     def to_json(self) -> dict[str, Any]:
         out = _flat(self)

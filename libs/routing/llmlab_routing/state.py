@@ -167,14 +167,21 @@ class LiveState:
         w = self.workers.get(worker_id)
         return w is not None and w.hb.draining
 
+    def takes_nothing(self, worker_id: str) -> bool:
+        """Its last heartbeat said it drains, or that its engine is not ready (down, or loading its model
+        again): it pulls nothing, even what was addressed to it, until that changes."""
+        w = self.workers.get(worker_id)
+        return w is not None and (w.hb.draining or not w.hb.ready)
+
     def ttl(self, worker_id: str) -> float:
         """How long this worker may stay silent before it counts as lost."""
         w = self.workers.get(worker_id)
         return HEARTBEAT_MISSES * (w.hb.interval_s if w is not None else 1.0)
 
-    def live_ready(self, pool: str, now: float | None = None) -> int:
-        """Live, ready, not draining workers of a pool."""
-        return len(self.live_entries(pool, time.monotonic() if now is None else now)[0])
+    def live_ready(self, pool: str, now: float | None = None, excluding: str | None = None) -> int:
+        """Live, ready, not draining workers of a pool (other than ``excluding``)."""
+        hbs = self.live_entries(pool, time.monotonic() if now is None else now)[0]
+        return sum(1 for hb in hbs if hb.worker_id != excluding)
 
     def pools(self) -> list[str]:
         return [pool for pool, workers in self._by_pool.items() if workers]

@@ -82,3 +82,21 @@ def test_chain_is_bounded_and_never_repeats_a_target_over_random_clusters() -> N
 def test_single_worker_deployment_retries_through_its_pool() -> None:
     d = decide(inputs([dep("a"), dep("b")], weights={"quality": 1.0}, max_chain=3, replica_retries=1))
     assert [(t.deployment, t.worker_id) for t in d.targets] == [("a", "a-w1"), ("a", None), ("b", "b-w1")]
+
+
+def _pipelines() -> list:  # type: ignore[type-arg]
+    return [dep(p, pipeline=p, model="m") for p in ("throughput", "latency", "long_context")]
+
+
+@pytest.mark.parametrize("cls", ["throughput", "latency", "long_context"])
+def test_pipeline_filter_takes_each_request_class_to_its_pipeline(cls: str) -> None:
+    d = decide(inputs(_pipelines(), request_class=cls, filters=["healthy", "pipeline"]))
+    assert d.ranking == [cls]
+
+
+def test_pipeline_filter_is_relaxed_when_the_class_pipeline_has_no_live_worker() -> None:
+    deps = _pipelines()
+    deps[2].workers = []  # long_context down: another pipeline serves it rather than none
+    d = decide(inputs(deps, request_class="long_context", filters=["healthy", "pipeline"]))
+    assert d.targets and set(d.ranking) == {"throughput", "latency"}
+    assert d.verdicts["latency"]["pipeline"].startswith("relaxed:")

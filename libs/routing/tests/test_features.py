@@ -10,6 +10,7 @@ from llmlab_routing.features import (
     difficulty_class,
     length_class,
     prefix_hashes,
+    request_class,
 )
 
 pytestmark = pytest.mark.unit
@@ -50,3 +51,18 @@ def test_prefix_hashes_are_chained_over_full_blocks() -> None:
     assert len(a) == 4 and a[:3] == b[:3] and a[3] != b[3]
     assert prefix_hashes("short", 32, 8) == []
     assert len(prefix_hashes("y" * 1000, 32, 5)) == 5
+
+
+@pytest.mark.parametrize(
+    ("prompt", "out", "ttft_bound", "expected"),
+    [
+        (1024, 16, True, "long_context"),  # the prompt's length decides first
+        (1023, 16, True, "latency"),
+        (100, 512, True, "latency"),
+        (100, 513, True, "throughput"),  # a long answer: no latency pipeline's per-request cap
+        (100, 16, False, "throughput"),  # no TTFT bound (batch)
+        (5000, 16, False, "long_context"),
+    ],
+)
+def test_request_class(prompt: int, out: int, ttft_bound: bool, expected: str) -> None:
+    assert request_class(prompt, out, ttft_bound, long_prompt_tokens=1024, latency_max_output=512) == expected

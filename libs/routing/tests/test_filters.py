@@ -59,3 +59,10 @@ def test_slo_checks_ttft_under_load_and_itl_for_interactive_and_e2e_for_batch() 
     batch = {"slo_class": "batch", "slo_ttft_s": None, "slo_tpot_s": None, "slo_e2e_s": 10.0}
     assert check("slo", dep("a", itl_p95_s=0.2), max_output_tokens=40, **batch) is None
     assert "E2E" in check("slo", dep("a", itl_p95_s=0.2), max_output_tokens=100, **batch)
+
+
+def test_pipeline_wants_the_request_class_pipeline_and_is_soft() -> None:
+    assert check("pipeline", dep("a", pipeline="long_context"), request_class="long_context") is None
+    assert check("pipeline", dep("a", pipeline="latency"), request_class="long_context") is not None
+    assert check("pipeline", dep("a", pipeline="throughput"), request_class="latency") is not None
+    assert FILTERS["pipeline"].soft

@@ -58,6 +58,7 @@ class ManagedProcess:
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path = field(default_factory=lambda: LOG_DIR / "unset.log")
     stopped: bool = False  # the harness (kill/stop) ended it: any other exit is a crash
+    decision_log: Path | None = None  # a gateway's or router's decision log (Stack.gateway, Stack.router)
 
     def crashed(self) -> bool:
         """Exited while nobody asked it to (fails the running test: see ``fixtures.stack``)."""
@@ -319,7 +320,9 @@ class Stack:
             **({"LLMLAB_GATEWAY_QUEUE_TIMEOUT_S": str(queue_timeout_s)} if queue_timeout_s else {}),
             **(env or {}),
         }
-        return self._launch("gateway", "llmlab_gateway", genv, [], port, "/ready", wait)
+        p = self._launch("gateway", "llmlab_gateway", genv, [], port, "/ready", wait)
+        p.decision_log = Path(genv["LLMLAB_GATEWAY_DECISION_LOG"])
+        return p
 
     def budget(self, *, env: dict[str, str] | None = None, wait: bool = True) -> ManagedProcess:
         """A budget service process (Redis keys under ``<namespace>:bud``; the fixture deletes them)."""
@@ -338,7 +341,7 @@ class Stack:
             **(env or {}),
         }
         p = self._launch("router", "llmlab_router", renv, [], port, "/ready", wait)
-        p.decision_log = Path(renv["LLMLAB_ROUTER_DECISION_LOG"])  # type: ignore[attr-defined]
+        p.decision_log = Path(renv["LLMLAB_ROUTER_DECISION_LOG"])
         return p
 
     def close(self) -> None:
