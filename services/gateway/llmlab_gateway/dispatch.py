@@ -236,8 +236,8 @@ class NatsDispatcher:
         self._was_connected = connected
 
     # -- Dispatcher protocol -------------------------------------------------------------------
-    def live_workers(self, pool: str) -> int:
-        return self.registry.live_ready(pool)
+    def live_workers(self, pool: str, excluding: str | None = None) -> int:
+        return self.registry.live_ready(pool, excluding=excluding)
 
     def predicted_wait(self, pool: str, priority: int = 0) -> float | None:
         est = self.registry.predicted_wait(pool, priority, local_queued=self._queued_from(pool, priority))
@@ -429,14 +429,16 @@ class NatsDispatcher:
                 wid = inf.worker_id or inf.target_worker
                 if not wid or inf.done or inf.lost_reported:
                     continue
-                # Addressed to a worker that drains and not taken: it never will be (a draining
-                # worker pulls nothing), so it is lost now, not when the drain ends plus the TTL.
-                untaken_at_drainer = inf.worker_id is None and self.registry.draining(wid)
-                if not untaken_at_drainer and self.registry.alive(wid, inf.worker_instance):
+                # Addressed to a worker that drains, or whose engine is down, and not taken: it
+                # pulls nothing (a drain ends, an engine may restart in seconds or never), so it is
+                # lost now, not when the drain ends plus the TTL or after the queue timeout (make
+                # local-demo: a request queued for a killed llama.cpp answered 429 after 30 s).
+                untakeable = inf.worker_id is None and self.registry.takes_nothing(wid)
+                if not untakeable and self.registry.alive(wid, inf.worker_instance):
                     continue
                 # Tokens still arriving prove the worker alive even when its heartbeats lag (an
                 # overloaded event loop); lost means silent on both for the heartbeat TTL.
-                if untaken_at_drainer or now - inf.last_msg_at > self.registry.ttl(wid):
+                if untakeable or now - inf.last_msg_at > self.registry.ttl(wid):
                     inf.lost_reported = True
                     inf.queue.put_nowait(WorkerLost(inf.attempt, wid))
             self._table_size.set(len(self.inflight))

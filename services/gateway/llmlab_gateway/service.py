@@ -45,6 +45,7 @@ from llmlab_common.messages import (
     TokenChunk,
     Usage,
 )
+from llmlab_common.subjects import PRIORITY_LEVELS
 from llmlab_common.tokens import PromptEstimate, estimate_chat
 from llmlab_common.tokens import estimate_prompt as estimate_completion_prompt
 from llmlab_routing.config import CatalogHolder, RouterCatalog
@@ -102,7 +103,7 @@ class Router(Protocol):
 
 
 class Dispatcher(Protocol):
-    def live_workers(self, pool: str) -> int: ...
+    def live_workers(self, pool: str, excluding: str | None = None) -> int: ...
 
     def predicted_wait(self, pool: str, priority: int = 0) -> float | None:
         """Seconds a request of plan ``priority`` sent to ``pool`` now would wait for a worker; None: unknown."""
@@ -173,6 +174,7 @@ class OpenedStream:
     first: TokenChunk | StreamEnd
     idle_timeout_s: float
     req: InferenceRequest | None = None  # the answering attempt
+    worker_id: str | None = None  # the answering attempt's worker, where it said (StreamStarted)
     finished: bool = False
     end: StreamEnd | None = None
     attempts: int = 1
@@ -497,11 +499,14 @@ class CompletionService:
             code=Code.ALL_ROUTES_FAILED,
         )
 
-    def _fallback_wait(self, target: RouteTarget, queue_timeout: float) -> float:
+    def _fallback_wait(self, target: RouteTarget, queue_timeout: float, failed_worker: str | None = None) -> float:
         """How long a fallback (or a stream's continuation) waits for a worker of ``target``: a
         pool whose workers are gone gets a short wait for a replacement (a restart), then the next
-        target goes, instead of sitting out the queue timeout."""
-        if target.worker_id is None and self.dispatcher.live_workers(target.pool) == 0:
+        target goes, instead of sitting out the queue timeout. ``failed_worker`` (the one whose
+        stream broke) does not count: its heartbeat can still say ready while its engine is dead,
+        and a continuation queued for it alone would wait for the engine's restart (seen in make
+        local-demo: 10 s, the queue bound 30)."""
+        if target.worker_id is None and self.dispatcher.live_workers(target.pool, excluding=failed_worker) == 0:
             return min(queue_timeout, self.settings.empty_pool_wait_s)
         return queue_timeout
 
@@ -567,7 +572,7 @@ class CompletionService:
             worker_id = msg.worker_id
             msg = await handle.next(self.settings.first_token_timeout_s)
         if isinstance(msg, TokenChunk | StreamEnd):
-            opened = OpenedStream(ctx, route_dep, handle, msg, self.settings.stream_idle_timeout_s, req)
+            opened = OpenedStream(ctx, route_dep, handle, msg, self.settings.stream_idle_timeout_s, req, worker_id)
             if self.settings.max_resumes > 0:
                 opened.resumer = self.resume
             return opened, None
@@ -651,7 +656,7 @@ class CompletionService:
         for dep, target in self._resume_targets(opened):
             attempt = opened.attempts + 1
             opened.attempts = attempt
-            wait = self._fallback_wait(target, queue_timeout)
+            wait = self._fallback_wait(target, queue_timeout, failed_worker=opened.worker_id)
             # The routing decision the stream was answered by, moved on to this position.
             info = route.model_copy(
                 update={
@@ -663,11 +668,16 @@ class CompletionService:
             req = self._build(ctx, dep, info, attempt, wait)
             req.params.max_tokens = self._max_tokens(ctx) - resume.tokens
             req.resume = resume
+            # One priority up: its client is mid-stream. At its own priority a continuation sent to a
+            # pool waits behind every request addressed to that pool's workers (a worker takes those
+            # first), for as long as they keep coming (make local-demo: 13 s behind the other backend's
+            # traffic while the first was down).
+            req.priority = min(req.priority + 1, PRIORITY_LEVELS - 1)
             handle = await self.dispatcher.dispatch(req, target)
             got, err = await self._await_first_token(ctx, req, dep, handle, wait)
             if got is not None:
                 log.info("attempt %d continues the stream on %s (%s)", attempt, dep.id, cause)
-                opened.handle, opened.req = got.handle, req
+                opened.handle, opened.req, opened.worker_id = got.handle, req, got.worker_id
                 return got.first
             assert err is not None
             log.warning("resume attempt %d on %s failed: %s", attempt, dep.id, err.message)

@@ -252,3 +252,34 @@ async def test_a_stream_nobody_reads_is_cancelled_again_at_most_once_a_second() 
     await d._on_token(cast(Any, FakeMsg(T.token_batch_subject("gw1"), batch)))
     await asyncio.sleep(0)
     assert len(sent) == 5
+
+
+@pytest.mark.parametrize(
+    ("ready", "draining", "lost"), [(False, False, True), (True, True, True), (True, False, False)]
+)
+async def test_an_attempt_addressed_to_a_worker_that_takes_nothing_is_lost_at_once(
+    ready: bool, draining: bool, lost: bool
+) -> None:
+    """Catches: a request addressed to a worker whose engine died (its heartbeat says not ready) waiting in
+    that worker's queue until the queue timeout (make local-demo: 429 after 30 s) instead of moving on, as
+    one addressed to a draining worker does; and a ready worker's untaken attempt reported lost."""
+    import asyncio
+
+    from llmlab_gateway.service import WorkerLost
+    from llmlab_testkit.routing import heartbeat
+
+    d = _swept_dispatcher(0.02)
+    hb = heartbeat("w-a", "local-a", interval=60).model_copy(update={"ready": ready, "draining": draining})
+    d.registry.on_heartbeat(hb)
+    sweeper = asyncio.create_task(d._sweep_loop())
+    try:
+        inf = _Inflight(attempt=1, target_worker="w-a")
+        d.inflight["r1"] = inf
+        await asyncio.sleep(0.1)  # a few sweeps
+        got = inf.queue.get_nowait() if not inf.queue.empty() else None
+        if lost:
+            assert isinstance(got, WorkerLost) and got.worker_id == "w-a", got
+        else:
+            assert got is None
+    finally:
+        sweeper.cancel()

@@ -95,7 +95,7 @@ class _Handle:
 class _Dispatcher:
     scripts: list[list[Any]] = field(default_factory=list)
 
-    def live_workers(self, pool: str) -> int:
+    def live_workers(self, pool: str, excluding: str | None = None) -> int:
         return 1
 
     def predicted_wait(self, pool: str, priority: int = 0) -> float | None:

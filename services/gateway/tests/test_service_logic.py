@@ -79,9 +79,12 @@ class FakeDispatcher:
 
     waits: dict[tuple[str, int], float] = field(default_factory=dict)
     asked: list[tuple[str, int]] = field(default_factory=list)
+    ready_ids: list[str] | None = None  # the live ready workers by id, where a test names them
 
-    def live_workers(self, pool: str) -> int:
-        return self.workers
+    def live_workers(self, pool: str, excluding: str | None = None) -> int:
+        if self.ready_ids is None:
+            return self.workers
+        return sum(1 for w in self.ready_ids if w != excluding)
 
     def predicted_wait(self, pool: str, priority: int = 0) -> float | None:
         self.asked.append((pool, priority))
@@ -316,6 +319,8 @@ async def test_worker_lost_mid_stream_is_continued_by_the_next_attempt() -> None
     assert cont.attempt == 2 and cont.resume is not None
     assert (cont.resume.from_attempt, cont.resume.text, cont.resume.tokens) == (1, "One two", 2)
     assert cont.params.max_tokens == 256 - 2  # the plan's 256, less what was delivered
+    # One priority above the request's: ahead of what is addressed to the pool's workers at its own.
+    assert (d.dispatched[0].priority, cont.priority) == (0, 1)
     assert cont.messages == d.dispatched[0].messages  # the worker appends the delivered text
     # Any worker of the same deployment's pool, not the one that died.
     assert d.targets[1].deployment == d.targets[0].deployment and d.targets[1].worker_id is None
@@ -414,6 +419,24 @@ async def test_a_continuation_nobody_takes_gives_way_to_the_chain_then_the_error
         await _drain(opened)
     assert len(d.dispatched) == 2 and d.dispatched[1].resume is not None
     assert [e.outcome for e in d.attempt_events] == ["worker_lost", "abandoned"]
+
+
+@pytest.mark.parametrize(("ready", "short"), [(["w1"], True), (["w1", "w2"], False)])
+async def test_a_continuation_waits_briefly_where_only_the_failed_worker_is_ready(
+    ready: list[str], short: bool
+) -> None:
+    """Catches: a stream whose engine died waiting out the whole queue bound for its own pool, where the
+    only worker still heartbeating ready is the one whose stream broke (make local-demo: 10 s, until the
+    engine came back), instead of a short wait and the next target."""
+    failed = [_started(1, "w1"), _tok(1, 1, "a"), _engine_failed(1, 2)]
+    d = FakeDispatcher(workers=2, scripts=[failed, [None]], ready_ids=ready)
+    opened = await _service(d, queue_timeout_s=5.0, empty_pool_wait_s=0.05).open(_ctx())
+    with pytest.raises(ServiceUnavailable):  # nobody took the continuation: the engine's error ends the stream
+        await _drain(opened)
+    cont = d.dispatched[1]
+    assert cont.resume is not None and d.targets[1].worker_id is None  # the same deployment's pool first
+    waited = cont.start_deadline - cont.dispatched_at
+    assert (waited <= 0.06) if short else (waited >= 4.9), waited
 
 
 async def test_a_predicted_wait_over_the_bound_is_429_at_once_and_nothing_is_published() -> None:
