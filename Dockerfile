@@ -36,6 +36,7 @@ RUN pip install \
         ./services/gateway \
         ./services/worker-vllm \
         ./services/worker-sglang \
+        ./services/worker-openai \
         ./services/engine-sim \
         ./services/budget \
         ./services/router \

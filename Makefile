@@ -14,8 +14,8 @@ PYTEST_ARGS ?=
 export LLMLAB_ENV ?= dev
 
 .DEFAULT_GOAL := help
-.PHONY: chaos fuzz k6 loadtest loadtest-report peers help install install-vllm infra prom-tools test mutants test-unit test-e2e lint format up down status demo bench bench-engine-modes report explain-latency costmodel router-eval \
-        experiments experiments-quick pipelines pipelines-twin gpu-smoke \
+.PHONY: chaos fuzz k6 loadtest loadtest-report peers help install install-vllm infra prom-tools test mutants test-unit test-e2e lint format up down status demo local-demo bench bench-engine-modes report explain-latency costmodel router-eval \
+        experiments experiments-quick pipelines pipelines-table pipelines-table-twin pipelines-twin pipelines-routed pipelines-long-prefill pipelines-kv-pressure gpu-smoke \
         compose-up compose-down clean
 
 help: ## list the targets
@@ -84,7 +84,7 @@ lint: install ## ruff (lint + format check), mypy, the architecture contracts (i
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy libs/common/llmlab_common libs/twin/llmlab_twin libs/routing/llmlab_routing \
 	  libs/worker/llmlab_worker libs/testkit/llmlab_testkit services/gateway/llmlab_gateway \
-	  services/worker-vllm/llmlab_worker_vllm services/worker-sglang/llmlab_worker_sglang \
+	  services/worker-vllm/llmlab_worker_vllm services/worker-sglang/llmlab_worker_sglang services/worker-openai/llmlab_worker_openai \
 	  services/engine-sim/llmlab_engine_sim services/budget/llmlab_budget services/router/llmlab_router \
 	  services/accounting/llmlab_accounting lab/llmlab_lab loadtest/llmlab_loadtest experiments/llmlab_experiments
 	$(VENV)/bin/lint-imports
@@ -105,6 +105,9 @@ status: ## which native processes run
 
 demo: up ## the main job: stack on the simulator, streaming requests via the openai SDK, a load run, the report
 	$(PY) scripts/demo.py
+
+local-demo: install infra install-vllm ## SmolLM2 on two local llama.cpp servers behind the stack (worker-openai): one killed mid-run and restarted, no request lost; the report shows model load apart from generation and the failover (~2 min) -> results/local-demo/<ts>/
+	$(PY) scripts/local_demo.py $(LOCAL_DEMO_ARGS)
 
 # One workload per invocation of its module; `make bench` runs the data-plane three (about 8 minutes).
 BENCH_WORKLOADS := cost gpu-like thousand
@@ -145,8 +148,23 @@ experiments: install infra install-vllm ## the tutorial's experiments, full size
 pipelines: install infra install-vllm ## pipelines A, B, C launched for real: vLLM-on-CPU from configs/pipelines behind the whole stack, each with its workload (~10 min; PIPELINES_ARGS=--quick ~4 min) -> results/real_pipelines/
 	$(PY) -m llmlab_experiments --only real_pipelines --out results $(PIPELINES_ARGS)
 
+pipelines-table: install infra install-vllm ## the tutorial's §2 table on real vLLM-on-CPU: single-request TTFT, throughput at concurrency 1/8/32/128, repeated prefix, long in/short out, short in/long out, pipelines A, B and C's settings, the winner per workload (~14 min on the AVX-512 host class, more on AVX2: use --quick there; PIPELINES_ARGS=--quick ~4 min) -> results/real_engines/
+	$(PY) -m llmlab_experiments --only real_engines --out results $(PIPELINES_ARGS)
+
+pipelines-table-twin: install infra install-vllm ## the §2 table's cells through the engine twin as the real run's CPU, beside results/real_engines: the error per cell and whether it names the same winners (~14 min; PIPELINES_ARGS=--quick ~4 min) -> results/twin_engines/
+	$(PY) -m llmlab_experiments --only twin_engines --out results $(PIPELINES_ARGS)
+
 pipelines-twin: install infra ## the same workloads through the engine twin configured as this CPU, side by side with results/real_pipelines (same sizes), with the error (~8 min; PIPELINES_ARGS=--quick ~3 min) -> results/twin_pipelines/
 	$(PY) -m llmlab_experiments --only twin_pipelines --out results $(PIPELINES_ARGS)
+
+pipelines-long-prefill: install infra install-vllm ## pipeline C on real vLLM with --long-prefill-token-threshold 2048 (as configured), 512 and 256: short chats' TTFT beside long documents (~6 min) -> results/real_long_prefill/
+	$(PY) -m llmlab_experiments --only real_long_prefill --out results $(PIPELINES_ARGS)
+
+pipelines-kv-pressure: install infra install-vllm ## pipeline C on real vLLM with room in its KV cache against one cut to 8 blocks (--num-gpu-blocks-override): preemptions, recompute's engine CPU, latency (~5 min) -> results/real_kv_pressure/
+	$(PY) -m llmlab_experiments --only real_kv_pressure --out results $(PIPELINES_ARGS)
+
+pipelines-routed: install infra ## a mixed trace routed by request class to pipelines A, B and C (configs/pipelines-catalog.yaml) against three engines of any one pipeline, on the engine twin (~12 min; PIPELINES_ARGS=--quick ~3 min) -> results/routed_pipelines/
+	$(PY) -m llmlab_experiments --only routed_pipelines --out results $(PIPELINES_ARGS)
 
 experiments-quick: install infra install-vllm ## the CI-sized experiments (same code, smaller sweeps) -> results/tmp/experiments/
 	$(PY) -m llmlab_experiments --quick --out results/tmp/experiments

@@ -26,6 +26,7 @@ SERVICES = {
     "services/engine-sim": ("llmlab-engine-sim", "llmlab_engine_sim"),
     "services/worker-vllm": ("llmlab-worker-vllm", "llmlab_worker_vllm"),
     "services/worker-sglang": ("llmlab-worker-sglang", "llmlab_worker_sglang"),
+    "services/worker-openai": ("llmlab-worker-openai", "llmlab_worker_openai"),
 }
 # Imports every module of a package (what a forgotten dependency breaks), in the fresh venv.
 IMPORT_ALL = """

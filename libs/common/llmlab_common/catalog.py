@@ -14,7 +14,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-Engine = Literal["vllm", "sglang"]
+# vLLM and SGLang (the GPU engines); llama.cpp, Ollama, LM Studio and any other OpenAI-compatible server
+# (worker-openai, the local backends).
+Engine = Literal["vllm", "sglang", "llamacpp", "ollama", "lmstudio", "openai"]
 Pipeline = Literal["throughput", "latency", "long_context", "experimental"]
 
 

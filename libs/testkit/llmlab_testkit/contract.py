@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from llmlab_common.messages import AttemptEvent, StreamEnd, StreamStarted, TokenChunk
 
@@ -21,15 +22,20 @@ from llmlab_testkit.procs import ManagedProcess, Stack
 
 @dataclass
 class EngineUnderTest:
-    engine: str  # "vllm" | "sglang"
+    engine: str  # what the worker reports: "vllm" | "sglang" | "llamacpp" | ...
     pool: str
     url: str
     model: str  # served model name
     running: Callable[[], float]  # the engine's own running-requests gauge
+    worker: str = ""  # the worker package's suffix (llmlab_worker_<worker>) when not the engine's name
+    env: dict[str, str] = field(default_factory=dict)  # more worker settings (a backend, a catalog)
+
+    def start_worker(self, stack: Stack, **kw: Any) -> ManagedProcess:
+        return stack.worker(self.worker or self.engine, self.pool, self.url, env=self.env or None, **kw)
 
 
 async def streams_tokens_usage_and_timings(stack: Stack, e: EngineUnderTest) -> None:
-    w = stack.worker(e.engine, e.pool, e.url, max_concurrency=4)
+    w = e.start_worker(stack, max_concurrency=4)
     async with WorkerClient(stack.namespace) as client:
         req = client.request(
             "r1",
@@ -69,7 +75,7 @@ async def streams_tokens_usage_and_timings(stack: Stack, e: EngineUnderTest) -> 
 
 
 async def stop_sequence_on_completions(stack: Stack, e: EngineUnderTest, prompt: str, stop: str) -> None:
-    stack.worker(e.engine, e.pool, e.url)
+    e.start_worker(stack)
     async with WorkerClient(stack.namespace) as client:
         req = client.request("r2", e.pool, e.model, prompt=prompt, max_tokens=40, temperature=0.0, stop=[stop])
         await client.publish(req)
@@ -84,7 +90,7 @@ def _tail(proc: ManagedProcess) -> str:
 
 
 async def cancel_stops_generation_on_the_engine(stack: Stack, e: EngineUnderTest) -> None:
-    worker = stack.worker(e.engine, e.pool, e.url)
+    worker = e.start_worker(stack)
     async with WorkerClient(stack.namespace) as client:
         # The attempt must still be generating when the cancel lands. Greedy output differs between
         # CPU instruction sets, so the end-of-text tokens (ids 0-2 in SmolLM2's vocabulary) are
@@ -142,7 +148,7 @@ async def cancel_stops_generation_on_the_engine(stack: Stack, e: EngineUnderTest
 
 
 async def heartbeat_carries_engine_load(stack: Stack, e: EngineUnderTest) -> None:
-    stack.worker(e.engine, e.pool, e.url, heartbeat_s=0.2)
+    e.start_worker(stack, heartbeat_s=0.2)
     async with WorkerClient(stack.namespace) as client:
         await asyncio.sleep(1.0)
         hbs = [h for h in client.heartbeats if h.pool == e.pool]

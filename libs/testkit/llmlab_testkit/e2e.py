@@ -34,6 +34,14 @@ def metric(p: ManagedProcess | str, name: str, **labels: str) -> float:
     return total
 
 
+def serves(p: ManagedProcess, path: str = "/metrics") -> bool:
+    """The process answers ``path`` with 200 (up, whether or not it is ready)."""
+    try:
+        return httpx.get(url(p) + path, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def samples(m: Metrics, prefix: str = "") -> dict[str, float]:
     """A registry's samples by their full key as rendered (name and labels, sorted by
     prometheus_client), for exact assertions in-process; only the names starting with ``prefix``."""
