@@ -45,6 +45,16 @@ if [[ ! -f "$worker_marker" ]]; then
   touch "$worker_marker"
 fi
 
+# The edge experiment (experiments/llmlab_experiments/edge_onnx.py) exports the model to ONNX with this venv's torch:
+# torch.onnx needs onnx and onnxscript.
+edge_marker="$VENV/.llmlab-edge-deps-1"
+if [[ ! -f "$edge_marker" ]]; then
+  log "adding onnx and onnxscript to the engine venv (ONNX export for the edge experiment)"
+  "$VENV/bin/pip" install -q "onnx==1.23.2" "onnxscript==0.7.2"
+  "$VENV/bin/python" -c "import onnx, onnxscript, torch.onnx"
+  touch "$edge_marker"
+fi
+
 if [[ ! -f "$MODEL_DIR/.llmlab-ready" ]]; then
   log "converting SmolLM2-135M-Instruct GGUF -> HF directory at $MODEL_DIR (~25 s)"
   rm -rf "$MODEL_DIR"

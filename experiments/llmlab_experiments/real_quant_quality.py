@@ -159,6 +159,14 @@ async def _stream_speed(eng: Engine, max_tokens: int) -> dict[str, Any]:
     }
 
 
+def xllamacpp_version() -> str:
+    with contextlib.suppress(Exception):
+        from importlib.metadata import version
+
+        return version("xllamacpp")
+    return "unknown"
+
+
 def dir_size_mb(path: Path) -> float:
     return round(sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6, 1)
 
@@ -327,11 +335,7 @@ def run(out: Path, quick: bool, command: str) -> Path:
     res["engines"]["q4_1-llamacpp"]["weights_mb"] = round(gguf.stat().st_size / 1e6, 1)
     res["speed"] = speed
     sc = score(rows)
-    xl_version = "unknown"
-    with contextlib.suppress(Exception):
-        from importlib.metadata import version
-
-        xl_version = version("xllamacpp")
+    xl_version = xllamacpp_version()
     meta = metadata(
         started=dt.datetime.fromtimestamp(t_start, dt.UTC),
         duration_s=duration,

@@ -110,3 +110,28 @@ def test_the_section2_table_launches_pipelines_a_b_c_for_real(tmp_path: Path) ->
         assert by["long_in_short_out@2"]["ttft_ms"]["p50"] > by["single_ttft@1"]["ttft_ms"]["p50"]
     assert set(doc["rows"]["winners"]) == {c.key for c in cs}
     assert "## Winner per workload" in (tmp_path / m.NAME / "table.md").read_text()
+
+
+@pytest.mark.timeout(900)
+def test_edge_onnx_runs_the_exported_graph_against_llamacpp(tmp_path: Path) -> None:
+    from llmlab_experiments import edge_onnx as m
+
+    d = m.run(tmp_path, quick=True, command="pytest quick")
+    res = _outputs(d)["rows"]
+    n, max_tokens = len(m.knowledge(quick=True)), res["max_tokens"]
+    # The graph computes the checkpoint's model: its logits against transformers' own forward, at export.
+    assert res["prep"]["export_dynamic"]["max_abs_logit_diff_vs_transformers"] < 1e-3
+    lc = res["servers"]["llamacpp"]["answers"]
+    assert len(lc) == n and all(len(a) == max_tokens for a in lc)
+    assert set(res["edge"]) == {v.key for v in m.variants(quick=True)}
+    for key, r in res["edge"].items():
+        assert len(r["answers"]) == n, key
+        for ids in r["answers"]:
+            assert len(ids) == max_tokens and not set(ids) & set(m.BANNED), (key, ids)
+        # Same weights, other runtime (4-bit blocks there): a wrong graph (rotary, masks, heads) would part
+        # from llama.cpp at the first token; greedy may part later where their numerics round apart.
+        assert all(a[0] == b[0] for a, b in zip(r["answers"], lc, strict=True)), (key, r["answers"], lc)
+        assert r["quality"]["passed"] >= 1, r["quality"]  # "The capital of France is Paris." at 8 tokens
+        assert 0 < r["session_s"] < r["cold_first_token_s"] and r["warm_decode_tok_s"] > 0
+        assert r["rss_peak_mib"] > r["size_mb"] / 2  # the weights are resident (fp32, not mapped lazily)
+    assert res["servers"]["llamacpp"]["size_mb"] < res["edge"]["dyn-fp32-all"]["size_mb"] / 4  # Q4_1 vs fp32
