@@ -105,12 +105,27 @@ def quantized(src: Path) -> tuple[Path, float]:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         t0 = time.perf_counter()
-        quantize_dynamic(str(src), str(out), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(logging.WARNING)  # the tool logs a line per activation tensor at INFO
+        try:
+            quantize_dynamic(str(src), str(out), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+        finally:
+            root.setLevel(level)
         stamp.write_text(f"{time.perf_counter() - t0:.1f}")
     return out, float(stamp.read_text())
 
 
 # ---- one variant, in its own process -----------------------------------------------------------------------------
+
+
+def peak_rss_mib() -> float:
+    """This process's resident high-water mark (VmHWM). Not getrusage's ru_maxrss: Linux carries that over
+    fork and exec, so a child would report its parent's peak (the first full run read 2,172 MiB everywhere)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +147,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     so.inter_op_num_threads = 1
     sess = ort.InferenceSession(spec["path"], so, providers=["CPUExecutionProvider"])
     loaded_at = time.time()
-    rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss_loaded = peak_rss_mib()
     shape = {i.name: i.shape for i in sess.get_inputs()}["past_k"]
     static = spec["shapes"] == "static"
 
@@ -185,7 +200,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "warm_ttft_ms_p50": statistics.median(ttft[warm]) * 1000,
         "warm_decode_tok_s": n_decoded / sum(decode[warm]) if sum(decode[warm]) else None,
         "rss_loaded_mib": rss_loaded,
-        "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_peak_mib": peak_rss_mib(),
         "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
         # CPU per generated token, the prompts' prefill included: the basis of the power estimate
         "cpu_ms_per_token": (sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - cpu_before)
@@ -476,8 +491,13 @@ def _note(res: dict[str, Any], quick: bool) -> Note:
             f"{int8['rss_peak_mib']:.0f} MiB, same ids as fp32 on {int8['agreement']['dyn-fp32-all']['identical']}/"
             f"{int8['agreement']['dyn-fp32-all']['n']} prompts."
         )
+    lc_speed = (
+        f"{lc['engine_decode_tok_s']:.1f} tok/s decode (its own timing)"
+        if "engine_decode_tok_s" in lc
+        else f"{lc['warm_tok_s']:.1f} tok/s per request"
+    )
     parts.append(
-        f"llama.cpp Q4_1 server: {lc['warm_tok_s']:.1f} tok/s per request, ready in {lc['ready_s']:.1f} s, "
+        f"llama.cpp Q4_1 server: {lc_speed}, ready in {lc['ready_s']:.1f} s, "
         f"{lc['size_mb']} MB; ONNX fp32 gave llama.cpp's ids on {base['agreement']['llamacpp']['identical']}/"
         f"{base['agreement']['llamacpp']['n']} prompts (mean shared prefix "
         f"{base['agreement']['llamacpp']['mean_shared_prefix']} of {res['max_tokens']})."
