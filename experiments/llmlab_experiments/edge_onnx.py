@@ -38,6 +38,11 @@ NAME = "edge_onnx"
 BANNED = (0, 1, 2)  # SmolLM2's end-of-text and special ids: no path may stop early
 STATIC_CACHE_LEN = 192  # the static graph's fixed cache: the longest prompt plus the answer must fit
 EXPORT_SCRIPT = Path(__file__).with_name("edge_export.py")
+EXPORT_REFUSED = 3  # edge_export's exit status when its graph's logits are not the checkpoint's
+
+
+class ExportRefused(RuntimeError):
+    """The exporter's own check failed: the graph would compute another model."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,8 @@ def exported(shapes: str) -> tuple[Path, dict[str, Any]]:
                "--cache-len", str(STATIC_CACHE_LEN)]  # fmt: skip
         log.info("exporting %s (torch, in the vLLM venv)", out.name)
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        if r.returncode == EXPORT_REFUSED:
+            raise ExportRefused(r.stderr.strip().splitlines()[-1])
         if r.returncode != 0:
             raise RuntimeError(f"ONNX export failed ({r.returncode}): {r.stderr[-2000:]}")
         info_path.write_text(r.stdout.strip().splitlines()[-1])
