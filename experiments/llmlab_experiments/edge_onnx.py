@@ -12,6 +12,7 @@ end-of-text ids 0-2 banned (so every answer runs to its length), and the generat
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -135,6 +136,11 @@ def peak_rss_mib() -> float:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
+def cpu_s() -> float:
+    """This process's CPU seconds, user and system."""
+    return sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+
+
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """Run in a fresh process: load the model, answer every prompt greedily, time it. ``spec["spawned_at"]`` is
     the parent's wall clock at spawn, so the cold start includes the interpreter's start and the import."""
@@ -166,8 +172,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     def generate(prompt: list[int], n_new: int) -> tuple[list[int], float, float]:
         t0 = time.perf_counter()
         if static:
-            cache_len = int(shape[2])
-            pk = np.zeros((shape[0], shape[1], cache_len, shape[3]), np.float32)
+            pk = np.zeros([int(d) for d in shape], np.float32)  # every dimension fixed, the cache's length too
             pv = pk.copy()
             for t, tok in enumerate(prompt):  # one shape: the prompt goes in a token at a time
                 logits, pk, pv = sess.run(None, {"input_ids": np.array([[tok]], np.int64), "past_k": pk,
@@ -188,7 +193,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
     answers, ttft, decode = [], [], []
     first_token_at = 0.0
-    cpu_before = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+    cpu_before = cpu_s()
     for i, prompt in enumerate(spec["prompts"]):
         ids, t_first, t_decode = generate(prompt, spec["max_tokens"])
         if i == 0:
@@ -208,11 +213,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "warm_decode_tok_s": n_decoded / sum(decode[warm]) if sum(decode[warm]) else None,
         "rss_loaded_mib": rss_loaded,
         "rss_peak_mib": peak_rss_mib(),
-        "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
+        "cpu_s": cpu_s(),
         # CPU per generated token, the prompts' prefill included: the basis of the power estimate
-        "cpu_ms_per_token": (sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - cpu_before)
-        * 1000
-        / sum(len(a) for a in answers),
+        "cpu_ms_per_token": (cpu_s() - cpu_before) * 1000 / sum(len(a) for a in answers),
         "ort_version": ort.__version__,
     }
 
@@ -246,8 +249,9 @@ def server_answers(kind: str, prompts: list[list[int]], max_tokens: int) -> dict
                             "cache_prompt": False, "logit_bias": [[i, False] for i in BANNED]}  # fmt: skip
                     r = c.post(eng.base + "/completion", json=body)
                     r.raise_for_status()
-                    ids = r.json()["tokens"]
-                    timings.append(r.json().get("timings") or {})
+                    got = r.json()
+                    ids = got["tokens"]
+                    timings.append(got.get("timings") or {})
                 else:
                     body = {"model": eng.model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                             "return_token_ids": True, "logit_bias": {str(i): -100 for i in BANNED}}  # fmt: skip
@@ -306,6 +310,7 @@ def knowledge(quick: bool) -> list[Item]:
     return [it for it in items(quick=False) if it.layer == "knowledge"][: 3 if quick else 20]
 
 
+@functools.cache
 def tokenizer() -> Any:
     from llmlab_testkit.vllm import MODEL_DIR
     from tokenizers import Tokenizer
