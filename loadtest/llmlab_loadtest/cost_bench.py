@@ -33,7 +33,6 @@ Writes ``results/relay-cost/<UTC ts>/result.{json,md,png}`` plus ``profiles/``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
 import json
 import logging
@@ -238,13 +237,7 @@ class Variant:
         log.info("%s (%s): stack up in namespace %s", self.name, self.commit[:10], s.namespace)
 
     def close(self) -> None:
-        self.stack.close()
-        try:
-            from llmlab_testkit.fixtures import _cleanup
-
-            asyncio.run(_cleanup(self.stack.namespace, self.stack.nats_url, self.stack.redis_url))
-        except Exception:
-            log.exception("could not delete the streams of namespace %s", self.stack.namespace)
+        self.stack.close()  # processes, then the namespace's streams and Redis keys
 
 
 # ---------------------------------------------------------------------------------------------

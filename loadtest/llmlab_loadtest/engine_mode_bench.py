@@ -40,7 +40,6 @@ from typing import Any
 
 import psutil
 from llmlab_common.messages import StreamEnd, StreamError, TokenChunk
-from llmlab_testkit.fixtures import _cleanup
 from llmlab_testkit.natsclient import WorkerClient
 from llmlab_testkit.procs import ManagedProcess, Stack, free_port, unique_namespace
 from llmlab_testkit.vllm import ENGINE_ARGS, ENGINE_ENV, SERVED_NAME, inproc_worker, missing_engine, vllm_command
@@ -177,8 +176,6 @@ class Bench:
     def close(self) -> None:
         for s in self.setups.values():
             s.stack.close()
-            with contextlib.suppress(Exception):
-                asyncio.run(_cleanup(s.stack.namespace, s.stack.nats_url, s.stack.redis_url))
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def run(self, mode: str, index: int) -> Run:

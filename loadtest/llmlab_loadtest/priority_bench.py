@@ -25,7 +25,6 @@ control plane's, not a GPU's.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
 import json
 import logging
@@ -41,7 +40,6 @@ from llmlab_common.catalog import load_catalog
 from llmlab_common.settings import DEFAULT_CATALOG
 from llmlab_common.stats import quantile
 from llmlab_testkit.budget import BudgetAdmin
-from llmlab_testkit.fixtures import _cleanup
 from llmlab_testkit.procs import unique_namespace, url
 
 from llmlab_loadtest import bench_meta
@@ -176,10 +174,6 @@ def run_variant(cfg: Config, v: Variant, tmp: Path) -> dict[str, Any]:
         }
     finally:
         stack.close()
-        try:
-            asyncio.run(_cleanup(stack.namespace, stack.nats_url, stack.redis_url))
-        except Exception:
-            log.exception("could not delete the streams of namespace %s", stack.namespace)
 
 
 def verdicts(runs: list[dict[str, Any]], slo_ttft_ms: float) -> dict[str, Any]:

@@ -763,14 +763,8 @@ class Bench:
         failed = [p for p in self.stack.procs if p.crashed()]  # exited while nobody stopped it
         for p in failed:
             log.error("%s exited %s; log tail:\n%s", p.name, p.proc.returncode if p.proc else "?", p.tail())
-        self.stack.close()
-        try:
-            from llmlab_testkit.fixtures import _cleanup
-
-            asyncio.run(_cleanup(self.stack.namespace, self.stack.nats_url, self.stack.redis_url))
-            log.info("namespace %s: processes stopped, streams deleted", self.stack.namespace)
-        except Exception:
-            log.exception("could not delete the streams of namespace %s", self.stack.namespace)
+        self.stack.close()  # processes, then the namespace's streams and Redis keys
+        log.info("namespace %s: processes stopped, streams deleted", self.stack.namespace)
         if not self.cfg.keep_raw:
             shutil.rmtree(self.tmp, ignore_errors=True)
 

@@ -2,32 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 
 import pytest
-from llmlab_common.natsio import connect, delete_streams
-from llmlab_common.subjects import Topology
-from redis.asyncio import Redis
 
 from llmlab_testkit.procs import Stack, unique_namespace
 
 DEV_KEY = "sk-llmlab-dev"
-
-
-async def _cleanup(namespace: str, nats_url: str, redis_url: str) -> None:
-    nc = await connect(nats_url, "test-cleanup")
-    try:
-        await delete_streams(nc.jetstream(), Topology(namespace))
-    finally:
-        await nc.close()
-    redis = Redis.from_url(redis_url)
-    try:  # every Redis key of a namespace starts with it (budget: "<ns>:bud:...")
-        keys = [k async for k in redis.scan_iter(match=f"{namespace}:*", count=1000)]
-        for i in range(0, len(keys), 1000):
-            await redis.delete(*keys[i : i + 1000])
-    finally:
-        await redis.aclose()
 
 
 @pytest.fixture
@@ -41,7 +22,6 @@ def stack() -> Iterator[Stack]:
     finally:
         crashed = [p for p in s.procs if p.crashed()]
         report = [f"{p.name} exited {p.proc.returncode if p.proc else '?'}; log tail:\n{p.tail()}" for p in crashed]
-        s.close()
-        asyncio.run(_cleanup(s.namespace, s.nats_url, s.redis_url))
+        s.close()  # also deletes the namespace's streams and Redis keys
     if report:
         pytest.fail("a process of the stack crashed during the test:\n" + "\n".join(report), pytrace=False)

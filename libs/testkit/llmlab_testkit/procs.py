@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -12,12 +13,16 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from llmlab_common.natsio import connect, delete_streams
+from llmlab_common.subjects import Topology
+from redis.asyncio import Redis
 
 log = logging.getLogger(__name__)
 
@@ -345,12 +350,44 @@ class Stack:
         return p
 
     def close(self) -> None:
+        """Stop the processes, then delete the namespace's JetStream streams and Redis keys:
+        every user of a Stack (tests, benchmarks, demos) leaves nothing behind on the shared
+        NATS and Redis (a server full of leaked streams refuses new ones)."""
         for p in reversed(self.procs):
             p.stop()
         self.procs.clear()
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+        self.delete_namespace()
+
+    def delete_namespace(self, timeout: float = 15.0) -> None:
+        """Delete this namespace's streams and Redis keys. Run in a thread of its own, so that a
+        caller inside an event loop may call it too; a failure is logged, not raised (cleanup must
+        not hide the error a test or bench is reporting)."""
+        user = password = ""
+        if self.nats_passwords is not None:
+            if "admin" not in self.nats_passwords:
+                log.warning("namespace %s left: no admin user to delete its streams", self.namespace)
+                return
+            user, password = "admin", self.nats_passwords["admin"]
+        errors: list[BaseException] = []
+
+        def _run() -> None:
+            try:
+                asyncio.run(
+                    asyncio.wait_for(
+                        delete_namespace(self.namespace, self.nats_url, self.redis_url, user, password), timeout
+                    )
+                )
+            except Exception as exc:  # reported below, never raised
+                errors.append(exc)
+
+        t = threading.Thread(target=_run, name=f"cleanup-{self.namespace}", daemon=True)
+        t.start()
+        t.join(timeout + 5)
+        if errors or t.is_alive():
+            log.warning("namespace %s not fully deleted: %s", self.namespace, errors or "timed out")
 
     def accounting(
         self, *, data_dir: Path | None = None, env: dict[str, str] | None = None, wait: bool = True
@@ -365,6 +402,22 @@ class Stack:
             **(env or {}),
         }
         return self._launch("accounting", "llmlab_accounting", aenv, [], port, "/ready", wait, timeout=60)
+
+
+async def delete_namespace(namespace: str, nats_url: str, redis_url: str, user: str = "", password: str = "") -> None:
+    """Delete a namespace's JetStream streams and every Redis key under ``<namespace>:``."""
+    nc = await connect(nats_url, "test-cleanup", user=user, password=password)
+    try:
+        await delete_streams(nc.jetstream(), Topology(namespace))
+    finally:
+        await nc.close()
+    redis = Redis.from_url(redis_url)
+    try:  # every Redis key of a namespace starts with it (budget: "<ns>:bud:...")
+        keys = [k async for k in redis.scan_iter(match=f"{namespace}:*", count=1000)]
+        for i in range(0, len(keys), 1000):
+            await redis.delete(*keys[i : i + 1000])
+    finally:
+        await redis.aclose()
 
 
 def url(p: ManagedProcess) -> str:

@@ -12,7 +12,6 @@ import httpx
 import pytest
 from llmlab_common.messages import AttemptEvent, Resume, StreamEnd, StreamError, StreamStarted, TokenChunk
 from llmlab_testkit.e2e import client
-from llmlab_testkit.fixtures import _cleanup
 from llmlab_testkit.natsclient import WorkerClient
 from llmlab_testkit.procs import ManagedProcess, Stack, unique_namespace, url
 from llmlab_testkit.vllm import SERVED_NAME, inproc_worker, vllm_gauge
@@ -30,7 +29,6 @@ def ns_stack() -> Iterator[Stack]:
     finally:
         crashed = [p for p in s.procs if p.crashed()]
         s.close()
-        asyncio.run(_cleanup(s.namespace, s.nats_url, s.redis_url))
         assert not crashed, "\n".join(f"{p.name} crashed:\n{p.tail()}" for p in crashed)
 
 
