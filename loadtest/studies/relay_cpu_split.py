@@ -13,7 +13,6 @@ request over a 15 s window that starts 4 s after the client."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -24,7 +23,6 @@ from pathlib import Path
 
 import psutil
 from llmlab_testkit.budget import BudgetAdmin
-from llmlab_testkit.fixtures import _cleanup
 from llmlab_testkit.procs import ManagedProcess, Stack, unique_namespace, url
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -155,7 +153,6 @@ def main(out: Path, streams: int, tokens: int, itl_ms: float) -> None:
         client.wait(30)
     finally:
         s.close()
-        asyncio.run(_cleanup(s.namespace, s.nats_url, s.redis_url))
 
 
 if __name__ == "__main__":

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 from llmlab_testkit.e2e import accounting_sql
-from llmlab_testkit.fixtures import _cleanup
-from llmlab_testkit.procs import free_port, unique_namespace
+from llmlab_testkit.procs import delete_namespace, free_port, unique_namespace
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -118,7 +117,7 @@ def test_demo_runs_end_to_end_and_writes_its_report(tmp_path: Path) -> None:
     finally:
         subprocess.run(["bash", "scripts/stack.sh", "down"], cwd=REPO, env=env, timeout=60)
         asyncio.run(
-            _cleanup(
+            delete_namespace(
                 ns,
                 env.get("LLMLAB_NATS_URL", "nats://127.0.0.1:4222"),
                 env.get("LLMLAB_REDIS_URL", "redis://127.0.0.1:6379/0"),

@@ -29,7 +29,6 @@ from llmlab_common.metrics import LATENCY_BUCKETS, check_exposition
 from llmlab_testkit.budget import DEV_ADMIN_KEY, BudgetAdmin
 from llmlab_testkit.e2e import LLAMA, QWEN, client
 from llmlab_testkit.e2e import accounting_sql as sql
-from llmlab_testkit.fixtures import _cleanup
 from llmlab_testkit.procs import ManagedProcess, Stack, unique_namespace, url
 from llmlab_testkit.prom import RULES_DIR, Prometheus, binaries_missing, start_prometheus
 
@@ -167,7 +166,6 @@ def run() -> Iterator[Run]:
         if prom is not None:
             prom.stop()
         stack.close()
-        asyncio.run(_cleanup(stack.namespace, stack.nats_url, stack.redis_url))
         assert not crashed, f"crashed during the run: {crashed}"
 
 
