@@ -89,6 +89,10 @@ class BenchConfig:
     warmup_tokens: int
     ttft_ms: float = 100.0
     itl_ms: float = 50.0
+    # The simulator's tick: 1 ms (its default) spreads streams admitted at different times over
+    # itl/tick phases; = itl_ms is a strict step loop, every running stream's token at one step, as
+    # a GPU engine's continuous batching emits them.
+    sim_tick_ms: float = 1.0
     max_num_seqs: int = 1100
     worker_max_concurrency: int = 1100
     worker_heartbeat_s: float = 1.0
@@ -151,6 +155,13 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     p.add_argument("--quick", action="store_true", help="levels 1,100; 1 repeat; 64 tokens (about a minute)")
     p.add_argument("--ttft-ms", type=float, help="simulator TTFT (default 100; gpu-like and capacity 50)")
     p.add_argument("--itl-ms", type=float, help="simulator ITL (default 50; gpu-like 20; capacity 1)")
+    p.add_argument(
+        "--sim-tick-ms",
+        type=float,
+        default=1.0,
+        help="simulator tick (default 1 ms: streams started apart get their tokens at different moments); "
+        "set it to the ITL for a strict step loop, every stream's token at one engine step as on a GPU",
+    )
     p.add_argument(
         "--workload",
         choices=tuple(WORKLOAD_NAMES),
@@ -262,6 +273,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         warmup_tokens=warmup_tokens,
         ttft_ms=ttft_ms,
         itl_ms=itl_ms,
+        sim_tick_ms=a.sim_tick_ms,
         max_num_seqs=seqs,
         worker_max_concurrency=seqs,
         out_dir=a.out_dir,
@@ -682,7 +694,13 @@ class Bench:
         c = self.cfg
         log.info("namespace %s; starting simulator, worker, gateway", self.stack.namespace)
         self.sim = self.stack.sim(
-            "vllm", MODEL, ttft_ms=c.ttft_ms, itl_ms=c.itl_ms, max_num_seqs=c.max_num_seqs, output_len=c.tokens
+            "vllm",
+            MODEL,
+            ttft_ms=c.ttft_ms,
+            itl_ms=c.itl_ms,
+            max_num_seqs=c.max_num_seqs,
+            output_len=c.tokens,
+            extra=["--tick-ms", f"{c.sim_tick_ms:g}"],
         )
         self.worker = self.stack.worker(
             "vllm",
@@ -1541,6 +1559,7 @@ def metadata(cfg: BenchConfig, bench: Bench, started: dt.datetime, duration_s: f
         "simulator": {
             "ttft_ms": cfg.ttft_ms,
             "itl_ms": cfg.itl_ms,
+            "tick_ms": cfg.sim_tick_ms,
             "max_num_seqs": cfg.max_num_seqs,
             "output_len": cfg.tokens,
             "flavor": "vllm",
@@ -1596,8 +1615,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"Command: `{meta['command_line']}`  ",
         f"Commit `{meta['git_commit'][:12]}`{' (dirty working tree)' if meta['git_dirty'] else ''}; "
         f"{meta['cpu']}; {meta['ram']} RAM; simulator TTFT {meta['simulator']['ttft_ms']:g} ms, "
-        f"ITL {meta['simulator']['itl_ms']:g} ms, {meta['simulator']['output_len']} output tokens; "
-        f"{meta['repeats']} measured run(s) per mode and level.",
+        f"ITL {meta['simulator']['itl_ms']:g} ms, tick {meta['simulator'].get('tick_ms', 1.0):g} ms"
+        f"{' (a strict step loop)' if meta['simulator'].get('tick_ms', 1.0) >= meta['simulator']['itl_ms'] else ''}, "
+        f"{meta['simulator']['output_len']} output tokens; {meta['repeats']} measured run(s) per mode and level.  ",
+        f"Run length: {meta['duration']}.",
         "",
         "## Stack vs direct",
         "",

@@ -217,6 +217,9 @@ def test_gpu_like_workload_preset() -> None:
     assert cfg.levels == [1, 100] and cfg.min_requests == 20
     own = rb.parse_args(["--workload", "gpu-like", "--stack", "relay", "--itl-ms", "5"])
     assert (own.stack, own.itl_ms, own.ttft_ms) == ("relay", 5.0, 50.0)
+    # The simulator's own 1 ms tick unless asked; a strict step loop (tick = ITL) on request.
+    assert cfg.sim_tick_ms == 1.0
+    assert rb.parse_args(["--workload", "gpu-like", "--sim-tick-ms", "20", "--ramp-s", "1.3"]).sim_tick_ms == 20.0
 
 
 @pytest.mark.e2e
@@ -229,9 +232,13 @@ def test_quick_full_stack_run(quick_bench: Callable[..., Any]) -> None:
         out_flag="--out-dir",
         extra_fields=("simulated_note",),
         # 1 kHz: at 100 Hz the gateway's few ms of GIL time in this run gave no sample on a fast host (CI flake)
-        args=["--workload", "gpu-like", "--levels", "1", "--min-requests", "3", "--dirty", "--profile-hz", "1000"],
+        args=[
+            *("--workload", "gpu-like", "--levels", "1", "--min-requests", "3", "--dirty"),
+            *("--profile-hz", "1000", "--sim-tick-ms", "20"),
+        ],
     )
     assert doc["metadata"]["gateway"]["auth"] == "budget" and doc["metadata"]["gateway"]["router"] == "service"
+    assert doc["metadata"]["simulator"]["tick_ms"] == 20.0
     measured = [r for r in doc["runs"] if r["repeat"] == 1]
     # The data-plane figures come from the services' metrics: the worker took each of the 3
     # measured requests from NATS once, the router service answered every route.
