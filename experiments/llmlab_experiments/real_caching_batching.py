@@ -208,26 +208,6 @@ def scrape(base: str) -> dict[str, float]:
     return out
 
 
-async def _drop_namespace(namespace: str, nats_url: str, redis_url: str) -> None:
-    """Delete the NATS streams and Redis keys of one stack's namespace (as the test fixture does)."""
-    from llmlab_common.natsio import connect, delete_streams
-    from llmlab_common.subjects import Topology
-    from redis.asyncio import Redis
-
-    nc = await connect(nats_url, "experiment-cleanup")
-    try:
-        await delete_streams(nc.jetstream(), Topology(namespace))
-    finally:
-        await nc.close()
-    redis = Redis.from_url(redis_url)
-    try:
-        keys = [k async for k in redis.scan_iter(match=f"{namespace}:*", count=1000)]
-        if keys:
-            await redis.delete(*keys)
-    finally:
-        await redis.aclose()
-
-
 @dataclass
 class Served:
     spec: EngineSpec
@@ -278,9 +258,7 @@ class Engines(contextlib.AbstractContextManager["Engines"]):
 
     def close(self) -> None:
         for sv in self.served.values():
-            sv.stack.close()
-            with contextlib.suppress(Exception):
-                asyncio.run(_drop_namespace(sv.stack.namespace, sv.stack.nats_url, sv.stack.redis_url))
+            sv.stack.close()  # its processes, streams and Redis keys
             sv.proc.stop(timeout=30)
         self.served.clear()
 

@@ -43,7 +43,6 @@ from llmlab_experiments.pipelines import Pipeline, load_pipelines
 from llmlab_experiments.real_caching_batching import (
     NO_EOS_BIAS,
     Plan,
-    _drop_namespace,
     chat_body,
     combine,
     cpu_vllm_fields,
@@ -201,9 +200,7 @@ def engines(launches: dict[str, CpuLaunch], spawn: Spawn = vllm_process) -> Any:
     finally:
         for sv in served.values():
             for st in sv.stacks:
-                st.close()
-                with contextlib.suppress(Exception):
-                    asyncio.run(_drop_namespace(st.namespace, st.nats_url, st.redis_url))
+                st.close()  # its processes, streams and Redis keys
             sv.proc.stop(timeout=30)
 
 

@@ -68,7 +68,7 @@ from llmlab_budget.model import Identity
 from llmlab_budget.windows import Windows
 from llmlab_common.catalog import SCOPES, LimitSet, PlanBudget, ScopeName, load_catalog
 from llmlab_common.messages import AttemptEvent, ReserveReply, ReserveRequest, Usage
-from llmlab_common.natsio import connect, delete_streams
+from llmlab_common.natsio import connect
 from llmlab_common.settings import InfraSettings
 from llmlab_common.subjects import Topology
 from llmlab_testkit.procs import Stack
@@ -816,9 +816,7 @@ class Bench:
             if not budget.alive():
                 raise RuntimeError(f"budget service died:\n{budget.tail()}")
         finally:
-            stack.close()
-            self._delete_streams(ns)
-            self._delete_prefix(f"{ns}:*")
+            stack.close()  # its processes, then the namespace's streams and Redis keys
 
     def _provision(self, ns: str, env: dict[str, str]) -> str:
         """A key via the bootstrap CLI, then huge limits on its 4 scopes via the Directory."""
@@ -871,20 +869,6 @@ class Bench:
             if svc.cpu_percent(None) / 100.0 < cores:
                 return
         log.warning("budget service still busy after %.0f s; starting anyway", timeout)
-
-    def _delete_streams(self, ns: str) -> None:
-        async def go() -> None:
-
-            nc = await connect(self.cfg.nats_url, "budget-bench-cleanup")
-            try:
-                await delete_streams(nc.jetstream(), Topology(ns))
-            finally:
-                await nc.close()
-
-        try:
-            asyncio.run(go())
-        except Exception:
-            log.exception("could not delete the streams of namespace %s", ns)
 
     def _delete_prefix(self, pattern: str) -> None:
         n = 0
