@@ -54,6 +54,7 @@ from llmlab_routing.config import RouterCatalog, load_router_catalog
 from llmlab_routing.core import RouterCore
 from llmlab_routing.records import DecisionLog
 from llmlab_routing.state import DeploymentStats
+from llmlab_testkit.procs import delete_namespace
 
 from llmlab_loadtest.bench_meta import metadata_block, write_outputs
 
@@ -387,6 +388,11 @@ def bench_nats(
                     proc.wait(10)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+                # The router service made its dead-letter stream: no run leaves it on the shared server.
+                try:
+                    asyncio.run(delete_namespace(ns, nats_url, InfraSettings().redis_url))
+                except Exception:
+                    log.exception("could not delete the streams of namespace %s", ns)
     summary = {}
     for part in ("round_trip", "embedded", "added_by_nats"):
         summary[part] = {
