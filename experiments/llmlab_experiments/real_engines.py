@@ -27,9 +27,10 @@ from llmlab_experiments.real_pipelines import (
     CPU_SLO,
     KV_SPACE_GIB,
     CpuLaunch,
+    Served,
     Spawn,
     _c,
-    engines,
+    engines_of,
     launches_of_pipelines,
     measure,
     vllm_process,
@@ -137,16 +138,19 @@ def plan_for(cell: Cell, model: str, rnd: int) -> Plan:
     )
 
 
-def execute(cs: Sequence[Cell], spawn: Spawn = vllm_process) -> tuple[list[dict[str, Any]], dict[str, CpuLaunch]]:
+def execute(
+    cs: Sequence[Cell], spawn: Spawn = vllm_process, rounds: int = ROUNDS, running: dict[str, Served] | None = None
+) -> tuple[list[dict[str, Any]], dict[str, CpuLaunch]]:
+    """The cells on A, B and C: started here, or the engines already ``running`` (the CI-sized test)."""
     from llmlab_testkit.vllm import SERVED_NAME as model
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     launches = {k: v for k, v in launches_of_pipelines().items() if k in PIPELINES}
     rows: list[dict[str, Any]] = []
-    with engines(launches, spawn) as served:
+    with engines_of(PIPELINES, launches, spawn, running) as served:
         for sv in served.values():  # warm-up apart: two short requests each, not measured
             measure(sv, sv.engine_url, plan_for(Cell("warm_up", 2, 1, 8, 4), model, 0), CPU_SLO[sv.key])
-        for rnd in range(1, ROUNDS + 1):
+        for rnd in range(1, rounds + 1):
             for key in PIPELINES if rnd % 2 else PIPELINES[::-1]:
                 sv = served[key]
                 for cell in cs:
@@ -207,7 +211,7 @@ def verdict(w: dict[str, Any]) -> str:
     return f"**{w['winner']}**"
 
 
-def table(summary: dict[str, Any], cs: Sequence[Cell], wins: dict[str, dict[str, Any]]) -> str:
+def table(summary: dict[str, Any], cs: Sequence[Cell], wins: dict[str, dict[str, Any]], rounds: int = ROUNDS) -> str:
     fmt = {"output_tok_s": ".1f"}
     lines = [
         "## Winner per workload",
@@ -241,7 +245,7 @@ def table(summary: dict[str, Any], cs: Sequence[Cell], wins: dict[str, dict[str,
             )
     lines += [
         "",
-        f"Cells: mean over {ROUNDS} rounds (each round in brackets); times in ms. Engines called directly "
+        f"Cells: mean over {rounds} rounds (each round in brackets); times in ms. Engines called directly "
         "(vLLM's OpenAI server), one at a time, the order reversed each round.",
     ]
     return "\n".join(lines)
@@ -291,6 +295,7 @@ def report(
 ) -> Path:
     summary = summarize(rows, cs)
     wins = {c.key: winner(c, summary[c.key]) for c in cs}
+    rounds = len({r["round"] for r in rows})
     meta = metadata(
         **cpu_vllm_fields(
             t_start,
@@ -307,7 +312,7 @@ def report(
         concurrency=", ".join(f"{c.key}: {c.concurrency} streams x {c.per_stream}" for c in cs),
         warmup="two short requests per engine before round 1",
         sampling_parameters={"temperature": 0},
-        rounds=ROUNDS,
+        rounds=rounds,
         kv_cache=f"VLLM_CPU_KVCACHE_SPACE={KV_SPACE_GIB} GiB per engine",
     )
     n_failed = sum(r["requests"]["failed"] for r in rows)
@@ -359,7 +364,7 @@ def report(
         name=NAME,
         simulated=False,
         rows=doc,
-        table_md=table(summary, cs, wins),
+        table_md=table(summary, cs, wins, rounds),
         note=note,
         command=command,
         meta=meta,

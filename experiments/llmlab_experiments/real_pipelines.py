@@ -462,10 +462,33 @@ def launches_of_pipelines() -> dict[str, CpuLaunch]:
     }
 
 
+@contextlib.contextmanager
+def engines_of(
+    group: Sequence[str], launches: dict[str, CpuLaunch], spawn: Spawn, running: dict[str, Served] | None
+) -> Any:
+    """The group's engines: those already ``running`` (left running, their stacks closed on exit), the rest
+    started for the group and stopped after it."""
+    have = {k: running[k] for k in group if running is not None and k in running}
+    with engines({k: launches[k] for k in group if k not in have}, spawn) as started:
+        try:
+            yield {k: have.get(k) or started[k] for k in group}
+        finally:
+            for sv in have.values():
+                for st in sv.stacks:
+                    st.close()
+                sv.stacks.clear()
+
+
 def execute(
-    s: Sizes, launches: dict[str, CpuLaunch], spawn: Spawn = vllm_process
+    s: Sizes,
+    launches: dict[str, CpuLaunch],
+    spawn: Spawn = vllm_process,
+    rounds: int = ROUNDS,
+    running: dict[str, Served] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every pipeline's workload through the whole stack, on the engines ``spawn`` starts: (rows, servers)."""
+    """Every pipeline's workload through the whole stack, on the engines ``spawn`` starts: (rows, servers).
+    ``rounds`` below ROUNDS and engines already ``running``: the CI-sized run (make test), which shares A, B
+    and C with the §2 table's."""
     from llmlab_testkit.vllm import SERVED_NAME as model
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -474,7 +497,7 @@ def execute(
     # One engine at a time (A, then B, then C with its no-cache twin): four vLLM processes at once would hold
     # ~15 GB and share two cores during every measurement.
     for group in (("A",), ("B",), ("C", "C-no-cache")):
-        with engines({k: launches[k] for k in group}, spawn) as served:
+        with engines_of(group, launches, spawn, running) as served:
             for sv in served.values():
                 _, rss = proc_tree(sv.proc.pid)
                 servers.append(
@@ -482,18 +505,18 @@ def execute(
                      "rss_mib_idle": round(rss) if rss else None}
                 )  # fmt: skip
             if group == ("A",):
-                for rnd in range(1, ROUNDS + 1):
+                for rnd in range(1, rounds + 1):
                     rows += walk_a(served["A"], model, s, rnd)
             elif group == ("B",):
                 gw = stack_for(served["B"], 8)
                 _warm(gw, model)
-                for rnd in range(1, ROUNDS + 1):
+                for rnd in range(1, rounds + 1):
                     rows.append(measure(served["B"], gw, b_plan(model, s, rnd), CPU_SLO["B"], round=rnd)[0])
             else:
                 gws = {k: stack_for(served[k], 4, queue_timeout_s=QUEUE_TIMEOUT_S) for k in group}
                 for gw in gws.values():
                     _warm(gw, model)
-                for rnd in range(1, ROUNDS + 1):
+                for rnd in range(1, rounds + 1):
                     for key in group if rnd % 2 else group[::-1]:  # ABBA
                         plan = c_plans(model, s, rnd)
                         row, recs = measure(served[key], gws[key], plan, CPU_SLO["C"], round=rnd)
@@ -535,9 +558,11 @@ KEYS = (
 
 def summarize_runs(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     a_rows = [r for r in rows if r["engine"] == "A"]
-    a_choice = {rnd: choose_rung([r for r in a_rows if r["round"] == rnd]) for rnd in range(1, ROUNDS + 1)}
+    rounds = sorted({r["round"] for r in rows})
+    a_choice = {rnd: choose_rung([r for r in a_rows if r["round"] == rnd]) for rnd in rounds}
     chosen = statistics.mode(c["batch_limit"] for c in a_choice.values())
     out: dict[str, Any] = {
+        "rounds": len(rounds),
         "A": {
             "walk": {
                 str(limit): combine([r for r in a_rows if r["batch_limit"] == limit], KEYS)
@@ -588,7 +613,7 @@ def table(summary: dict[str, Any], launches: dict[str, CpuLaunch]) -> str:
     slo = "; ".join(f"{k}: TTFT ≤ {v.ttft_s:g} s and TPOT ≤ {v.tpot_s:g} s" for k, v in CPU_SLO.items())
     lines += [
         "",
-        f"Cells: mean over {ROUNDS} rounds (each round's value in brackets). CPU SLOs per request: {slo}.",
+        f"Cells: mean over {summary['rounds']} rounds (each round's value in brackets). CPU SLOs per request: {slo}.",
         f"C's short chats beside the documents, TTFT p95: caching on {_c(summary['C']['short_ttft_p95_ms'])} ms, "
         f"off {_c(summary['C-no-cache']['short_ttft_p95_ms'])} ms.",
         "",
@@ -669,7 +694,7 @@ def report(
         f"questions + {s.c_short_chats} short chats",
         warmup="A: none (each rung a fresh worker); B, C: 2 requests through each stack before round 1",
         sampling_parameters={"temperature": 0, "logit_bias": NO_EOS_BIAS},
-        rounds=ROUNDS,
+        rounds=summary["rounds"],
         kv_cache=f"VLLM_CPU_KVCACHE_SPACE={KV_SPACE_GIB} GiB per engine",
     )
     a = summary["A"]
