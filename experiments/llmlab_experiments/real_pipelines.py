@@ -164,6 +164,11 @@ class Served:
     startup_s: float = 0.0
     stacks: list[Any] = field(default_factory=list)  # llmlab_testkit.procs.Stack, one per worker setting
 
+    def close_stacks(self) -> None:
+        for st in self.stacks:
+            st.close()  # its processes, streams and Redis keys
+        self.stacks.clear()
+
 
 Spawn = Callable[[str, int, CpuLaunch], Any]  # (key, port, launch) -> an unstarted ManagedProcess serving it
 
@@ -199,8 +204,7 @@ def engines(launches: dict[str, CpuLaunch], spawn: Spawn = vllm_process) -> Any:
         yield served
     finally:
         for sv in served.values():
-            for st in sv.stacks:
-                st.close()  # its processes, streams and Redis keys
+            sv.close_stacks()
             sv.proc.stop(timeout=30)
 
 
@@ -474,9 +478,7 @@ def engines_of(
             yield {k: have.get(k) or started[k] for k in group}
         finally:
             for sv in have.values():
-                for st in sv.stacks:
-                    st.close()
-                sv.stacks.clear()
+                sv.close_stacks()
 
 
 def execute(

@@ -781,8 +781,8 @@ class Bench:
         failed = [p for p in self.stack.procs if p.crashed()]  # exited while nobody stopped it
         for p in failed:
             log.error("%s exited %s; log tail:\n%s", p.name, p.proc.returncode if p.proc else "?", p.tail())
-        self.stack.close()  # processes, then the namespace's streams and Redis keys
-        log.info("namespace %s: processes stopped, streams deleted", self.stack.namespace)
+        self.stack.close()  # processes, then the namespace's streams and Redis keys (a failure is logged)
+        log.info("namespace %s closed", self.stack.namespace)
         if not self.cfg.keep_raw:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
@@ -1607,6 +1607,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
     def runs_of(d: dict[str, Any], nd: int = 1) -> str:
         return "[" + ", ".join(f(v, nd) for v in d["runs"]) + "]"
 
+    tick = meta["simulator"].get("tick_ms", 1.0)  # results before the option ran on the simulator's 1 ms
     out = [
         f"# Relay benchmark {meta['date']}",
         "",
@@ -1615,8 +1616,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"Command: `{meta['command_line']}`  ",
         f"Commit `{meta['git_commit'][:12]}`{' (dirty working tree)' if meta['git_dirty'] else ''}; "
         f"{meta['cpu']}; {meta['ram']} RAM; simulator TTFT {meta['simulator']['ttft_ms']:g} ms, "
-        f"ITL {meta['simulator']['itl_ms']:g} ms, tick {meta['simulator'].get('tick_ms', 1.0):g} ms"
-        f"{' (a strict step loop)' if meta['simulator'].get('tick_ms', 1.0) >= meta['simulator']['itl_ms'] else ''}, "
+        f"ITL {meta['simulator']['itl_ms']:g} ms, tick {tick:g} ms"
+        f"{' (a strict step loop)' if tick >= meta['simulator']['itl_ms'] else ''}, "
         f"{meta['simulator']['output_len']} output tokens; {meta['repeats']} measured run(s) per mode and level.  ",
         f"Run length: {meta['duration']}.",
         "",

@@ -54,7 +54,7 @@ from llmlab_routing.config import RouterCatalog, load_router_catalog
 from llmlab_routing.core import RouterCore
 from llmlab_routing.records import DecisionLog
 from llmlab_routing.state import DeploymentStats
-from llmlab_testkit.procs import delete_namespace
+from llmlab_testkit.procs import drop_namespace
 
 from llmlab_loadtest.bench_meta import metadata_block, write_outputs
 
@@ -389,10 +389,7 @@ def bench_nats(
                 except subprocess.TimeoutExpired:
                     proc.kill()
                 # The router service made its dead-letter stream: no run leaves it on the shared server.
-                try:
-                    asyncio.run(delete_namespace(ns, nats_url, InfraSettings().redis_url))
-                except Exception:
-                    log.exception("could not delete the streams of namespace %s", ns)
+                drop_namespace(ns, nats_url, InfraSettings().redis_url)
     summary = {}
     for part in ("round_trip", "embedded", "added_by_nats"):
         summary[part] = {

@@ -362,32 +362,14 @@ class Stack:
         self.delete_namespace()
 
     def delete_namespace(self, timeout: float = 15.0) -> None:
-        """Delete this namespace's streams and Redis keys. Run in a thread of its own, so that a
-        caller inside an event loop may call it too; a failure is logged, not raised (cleanup must
-        not hide the error a test or bench is reporting)."""
+        """:func:`drop_namespace` for this stack (as NATS's admin user where the server authenticates)."""
         user = password = ""
         if self.nats_passwords is not None:
             if "admin" not in self.nats_passwords:
                 log.warning("namespace %s left: no admin user to delete its streams", self.namespace)
                 return
             user, password = "admin", self.nats_passwords["admin"]
-        errors: list[BaseException] = []
-
-        def _run() -> None:
-            try:
-                asyncio.run(
-                    asyncio.wait_for(
-                        delete_namespace(self.namespace, self.nats_url, self.redis_url, user, password), timeout
-                    )
-                )
-            except Exception as exc:  # reported below, never raised
-                errors.append(exc)
-
-        t = threading.Thread(target=_run, name=f"cleanup-{self.namespace}", daemon=True)
-        t.start()
-        t.join(timeout + 5)
-        if errors or t.is_alive():
-            log.warning("namespace %s not fully deleted: %s", self.namespace, errors or "timed out")
+        drop_namespace(self.namespace, self.nats_url, self.redis_url, user, password, timeout)
 
     def accounting(
         self, *, data_dir: Path | None = None, env: dict[str, str] | None = None, wait: bool = True
@@ -418,6 +400,27 @@ async def delete_namespace(namespace: str, nats_url: str, redis_url: str, user: 
             await redis.delete(*keys[i : i + 1000])
     finally:
         await redis.aclose()
+
+
+def drop_namespace(
+    namespace: str, nats_url: str, redis_url: str, user: str = "", password: str = "", timeout: float = 15.0
+) -> None:
+    """:func:`delete_namespace` from sync code, in a thread of its own so that a caller inside an event
+    loop may call it too; a failure is logged, not raised (cleanup must not hide the error a test or
+    bench is reporting)."""
+    errors: list[BaseException] = []
+
+    def _run() -> None:
+        try:
+            asyncio.run(asyncio.wait_for(delete_namespace(namespace, nats_url, redis_url, user, password), timeout))
+        except Exception as exc:  # reported below, never raised
+            errors.append(exc)
+
+    t = threading.Thread(target=_run, name=f"cleanup-{namespace}", daemon=True)
+    t.start()
+    t.join(timeout + 5)
+    if errors or t.is_alive():
+        log.warning("namespace %s not fully deleted: %s", namespace, errors or "timed out")
 
 
 def url(p: ManagedProcess) -> str:
