@@ -148,6 +148,11 @@ class Topology:
         return f"{self.namespace}.tok.{check_token(gateway_id, 'gateway id')}.*"
 
     @property
+    def every_token_wildcard(self) -> str:
+        """Every gateway's stream messages (an observer's view: tests find who serves a stream)."""
+        return f"{self.namespace}.tok.>"
+
+    @property
     def cancel_subject(self) -> str:
         return f"{self.namespace}.ctl.cancel"
 

@@ -10,8 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from llmlab_common.messages import split_batch
+from llmlab_common.natsio import connect
+from llmlab_common.subjects import Topology
+from nats.aio.msg import Msg
 
-from llmlab_testkit.e2e import eventually, metric
 from llmlab_testkit.fixtures import DEV_KEY
 from llmlab_testkit.procs import ManagedProcess
 
@@ -86,35 +89,46 @@ async def kill_mid_stream(
     api_key: str = DEV_KEY,
     timeout: float = 120,
 ) -> tuple[Relayed, int, ManagedProcess]:
-    """Stream ``body`` and SIGKILL whichever of ``workers`` holds it once ``after`` content chunks
-    reached the client. Returns the stream, the chunks received before the kill, and the worker
-    killed."""
+    """Stream ``body`` and SIGKILL whichever of ``workers`` (each started with a worker id) holds it
+    once ``after`` content chunks reached the client. Returns the stream, the chunks received before
+    the kill, and the worker killed."""
+    by_id = {w.env["LLMLAB_WORKER_WORKER_ID"]: w for w in workers}
+    env = workers[0].env
+    # The holder is the worker id in the stream's "started" message, read on NATS as the gateway
+    # reads it: scraping the workers' in-flight gauge over HTTP took over 5 s in CI while real vLLM
+    # held both cores, and the answer was complete by then.
+    nc = await connect(env["LLMLAB_NATS_URL"], "test-failover-observer")
+    started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def on_message(msg: Msg) -> None:
+        for raw in split_batch(msg.data):  # one message or a gateway's batch of them
+            obj = json.loads(raw)
+            if obj.get("kind") == "started" and not started.done():
+                started.set_result(obj["worker_id"])
+
     seen: asyncio.Queue[int] = asyncio.Queue()
-    call = asyncio.create_task(relay(base, body, endpoint=endpoint, api_key=api_key, pieces_seen=seen, timeout=timeout))
-    n = await asyncio.wait_for(seen.get(), timeout)
-    holders: list[ManagedProcess] = []
-    scraped: list[list[float]] = []
-
-    def held() -> bool:
-        scraped.append([metric(w, "llmlab_worker_in_flight_requests") for w in workers])
-        holders[:] = [w for w, busy in zip(workers, scraped[-1], strict=True) if busy >= 1]
-        return len(holders) == 1
-
-    # The holder is found at the first chunk, not at the ``after``-th: scraping the workers takes
-    # long enough for a fast engine (real vLLM on CPU) to finish the answer before the kill.
     try:
-        await eventually(held, timeout=5, what="the worker that serves the stream")
-    except AssertionError as e:
-        chunks = seen.qsize() + n
-        raise AssertionError(f"{e}: chunks by now {chunks}, in-flight per worker per scrape {scraped[-20:]}") from None
-    while n < after:
-        n = await asyncio.wait_for(seen.get(), timeout)
+        await nc.subscribe(Topology(env["LLMLAB_NAMESPACE"]).every_token_wildcard, cb=on_message)
+        await nc.flush()
+        call = asyncio.create_task(
+            relay(base, body, endpoint=endpoint, api_key=api_key, pieces_seen=seen, timeout=timeout)
+        )
+        try:
+            holder = by_id[await asyncio.wait_for(started, timeout)]
+            n = 0
+            while n < after:
+                n = await asyncio.wait_for(seen.get(), timeout)
+        except BaseException:
+            call.cancel()
+            raise
+    finally:
+        await nc.close()
     if call.done():
         # Not a failover failure: the engine answered in full before the kill, so nothing could be
         # continued. A fast engine under a loaded host packs many tokens per chunk; kill sooner.
         raise AssertionError(f"the stream ended before the kill ({n} chunks by then): lower `after`")
-    holders[0].kill()  # SIGKILL: no drain, no terminal message, heartbeats stop
+    holder.kill()  # SIGKILL: no drain, no terminal message, heartbeats stop
     # What reached the client before the kill: the pieces counted by now (more may be in flight).
     while not seen.empty():
         n = seen.get_nowait()
-    return await call, n, holders[0]
+    return await call, n, holder
