@@ -25,7 +25,8 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ POOL = {"A": "pipeline-a", "B": "pipeline-b", "C": "pipeline-c"}
 # Each pipeline's worker concurrency, in every variant (real_pipelines: B 8, C 4; A 8 of its walk's rungs).
 CONCURRENCY = {"A": 8, "B": 8, "C": 4}
 # variant -> the pipeline of each of its three engines
-VARIANTS: dict[str, tuple[str, str, str]] = {
+VARIANTS: dict[str, tuple[str, ...]] = {
     "by class": ("A", "B", "C"),
     "A only": ("A", "A", "A"),
     "B only": ("B", "B", "B"),
@@ -79,6 +80,19 @@ PARTS: dict[str, tuple[str, Slo]] = {
     "chats": ("C's short chats beside the documents", CPU_SLO["B"]),
 }
 
+
+@dataclass(frozen=True)
+class Design:
+    """Which variants run (variant -> the pipeline of each of its engines), which parts of the trace, how many
+    rounds."""
+
+    variants: dict[str, tuple[str, ...]]
+    parts: tuple[str, ...]
+    rounds: int = ROUNDS
+
+
+TWIN = Design(VARIANTS, tuple(PARTS))
+
 FULL = Sizes(a_streams=8, a_requests_per_stream=2, a_max_tokens=24, a_rungs=(8,),
              b_requests=24, b_rate_per_s=1.0, b_max_tokens=16,
              c_documents=3, c_questions=2, c_doc_sentences=60, c_max_tokens=12, c_short_chats=6)  # fmt: skip
@@ -87,18 +101,22 @@ QUICK = Sizes(a_streams=3, a_requests_per_stream=1, a_max_tokens=8, a_rungs=(3,)
               c_documents=1, c_questions=2, c_doc_sentences=60, c_max_tokens=6, c_short_chats=2)  # fmt: skip
 
 
-def mixed_trace(model: str, s: Sizes, rnd: int) -> dict[str, tuple[Plan, str | None]]:
-    """The trace's parts: part -> (plan, SLO class header or None for the plan's own, interactive)."""
+def mixed_trace(
+    model: str, s: Sizes, rnd: int, parts: Sequence[str] = tuple(PARTS)
+) -> dict[str, tuple[Plan, str | None]]:
+    """The trace's ``parts``: part -> (plan, SLO class header or None for the plan's own, interactive)."""
     c = c_plans(model, s, rnd)
     shorts = short_streams(c)
     docs = [x for i, x in enumerate(c) if i not in shorts]
     chats = [x for i, x in enumerate(c) if i in shorts]
-    return {
-        "batch": (a_plan(model, s, rnd, s.a_rungs[0]), "batch"),
+    every: dict[str, tuple[Plan, str | None]] = {
         "interactive": (b_plan(model, s, rnd), None),
         "documents": (docs, None),
         "chats": (chats, None),
     }
+    if "batch" in parts:  # A's plan only where the trace has it (its prompts are drawn per plan)
+        every = {"batch": (a_plan(model, s, rnd, s.a_rungs[0]), "batch"), **every}
+    return {p: every[p] for p in every if p in parts}
 
 
 async def drive_parts(gateway_url: str, trace: dict[str, tuple[Plan, str | None]]) -> dict[str, list[sc.RequestRecord]]:
@@ -165,11 +183,14 @@ def stack_of(served: dict[str, Served], catalog: Path) -> tuple[str, Path]:
     return url(gw), gw.decision_log
 
 
-def run_variant(variant: str, s: Sizes, rnd: int, spawn: Spawn, catalog: Path = CATALOG) -> dict[str, Any]:
+def run_variant(
+    variant: str, s: Sizes, rnd: int, spawn: Spawn, catalog: Path = CATALOG, design: Design | None = None
+) -> dict[str, Any]:
     from llmlab_testkit.vllm import SERVED_NAME as model
 
+    d = design or TWIN
     launches = launches_of_pipelines()
-    engines_of = {f"{p}{i + 1}": launches[p] for i, p in enumerate(VARIANTS[variant])}
+    engines_of = {f"{p}{i + 1}": launches[p] for i, p in enumerate(d.variants[variant])}
     with engines(engines_of, spawn) as served:
         gw, dlog = stack_of(served, catalog)
         _warm(gw, model)
@@ -177,14 +198,14 @@ def run_variant(variant: str, s: Sizes, rnd: int, spawn: Spawn, catalog: Path = 
         skip = _log_lines(dlog)
         before = {k: scrape(sv.engine_url) for k, sv in served.items()}
         t0 = time.perf_counter()
-        by_part = asyncio.run(drive_parts(gw, mixed_trace(model, s, rnd)))
+        by_part = asyncio.run(drive_parts(gw, mixed_trace(model, s, rnd, d.parts)))
         took = time.perf_counter() - t0
         after = {k: scrape(sv.engine_url) for k, sv in served.items()}
         time.sleep(0.5)
         routes = route_matrix(dlog, skip)
     records = [r for recs in by_part.values() for r in recs]
     window = sc.measured_window(records)
-    parts = {p: part_metrics(by_part[p], PARTS[p][1], window) for p in PARTS}
+    parts = {p: part_metrics(by_part[p], PARTS[p][1], window) for p in d.parts}
     met = sum(p["met"] for p in parts.values())
     delta = {k: {m.removeprefix("vllm:"): after[k][m] - before[k][m] for m in before[k]} for k in before}
     q = sum(d["prefix_cache_queries_total"] for d in delta.values())
@@ -225,32 +246,38 @@ def run_variant(variant: str, s: Sizes, rnd: int, spawn: Spawn, catalog: Path = 
     return row
 
 
-def execute(s: Sizes, spawn: Spawn = twin_process) -> list[dict[str, Any]]:
-    """Every variant once per round, the order reversed in the second round (ABBA)."""
+def execute(
+    s: Sizes, spawn: Spawn = twin_process, design: Design | None = None, rounds: Sequence[int] | None = None
+) -> list[dict[str, Any]]:
+    """Every variant once per round, the order reversed in even rounds (ABBA); ``rounds``: which of the
+    design's rounds to run (a long real run is split into invocations, one round each)."""
+    d = design or TWIN
     logging.getLogger("httpx").setLevel(logging.WARNING)
     rows: list[dict[str, Any]] = []
-    names = list(VARIANTS)
-    for rnd in range(1, ROUNDS + 1):
+    names = list(d.variants)
+    for rnd in rounds or range(1, d.rounds + 1):
         for variant in names if rnd % 2 else names[::-1]:
-            rows.append(run_variant(variant, s, rnd, spawn))
+            rows.append(run_variant(variant, s, rnd, spawn, design=d))
     return rows
 
 
-KEYS = (
-    "goodput_rps",
-    "slo_attainment",
-    *(f"parts.{p}.attainment" for p in PARTS),
-    *(f"parts.{p}.ttft_ms.p95" for p in PARTS),
-    "prefix_hit_rate",
-    "preemptions",
-    "window_s",
-)
+def keys(parts: Sequence[str]) -> tuple[str, ...]:
+    return (
+        "goodput_rps",
+        "slo_attainment",
+        *(f"parts.{p}.attainment" for p in parts),
+        *(f"parts.{p}.ttft_ms.p95" for p in parts),
+        "prefix_hit_rate",
+        "preemptions",
+        "window_s",
+    )
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], design: Design | None = None) -> dict[str, Any]:
     """Per variant: each metric's rounds, mean and spread; the routes summed over the rounds."""
+    d = design or TWIN
     out: dict[str, Any] = {}
-    for variant in VARIANTS:
+    for variant in d.variants:
         vr = [r for r in rows if r["variant"] == variant]
         if not vr:
             continue
@@ -259,7 +286,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             for cls, deps in r["routes"].items():
                 for dep, n in deps.items():
                     routes.setdefault(cls, {})[dep] = routes.get(cls, {}).get(dep, 0) + n
-        out[variant] = {**combine(vr, KEYS), "routes": routes}
+        out[variant] = {**combine(vr, keys(d.parts)), "routes": routes}
     return out
 
 
@@ -286,25 +313,28 @@ def verdict(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def table(summary: dict[str, Any]) -> str:
+def table(summary: dict[str, Any], design: Design | None = None) -> str:
+    d = design or TWIN
+    by_ttft = [p for p in ("interactive", "chats", "documents", "batch") if p in d.parts]
     lines = [
-        "| variant | goodput (req/s) | SLO met, all | batch met | interactive met | documents met | chats met "
-        "| interactive TTFT p95 (ms) | chats TTFT p95 (ms) | documents TTFT p95 (ms) | batch TTFT p95 (ms) "
-        "| prefix hit rate |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| variant | goodput (req/s) | SLO met, all | "
+        + " | ".join(f"{p} met" for p in d.parts)
+        + " | "
+        + " | ".join(f"{p} TTFT p95 (ms)" for p in by_ttft)
+        + " | prefix hit rate |",
+        "|---|" + "---:|" * (3 + len(d.parts) + len(by_ttft)),
     ]
     for variant, v in summary.items():
         lines.append(
             f"| {variant} | {_c(v['goodput_rps'], '.3f')} | {_c(v['slo_attainment'], '.2f')} "
-            + " ".join(f"| {_c(v[f'parts.{p}.attainment'], '.2f')}" for p in PARTS)
+            + " ".join(f"| {_c(v[f'parts.{p}.attainment'], '.2f')}" for p in d.parts)
             + " "
-            + " ".join(
-                f"| {_c(v[f'parts.{p}.ttft_ms.p95'], '.0f')}" for p in ("interactive", "chats", "documents", "batch")
-            )
+            + " ".join(f"| {_c(v[f'parts.{p}.ttft_ms.p95'], '.0f')}" for p in by_ttft)
             + f" | {_c(v['prefix_hit_rate'], '.2f')} |"
         )
-    slos = "; ".join(f"{p}: TTFT ≤ {slo.ttft_s:g} s, TPOT ≤ {slo.tpot_s:g} s" for p, (_, slo) in PARTS.items())
-    lines += ["", f"Cells: mean over {ROUNDS} rounds (each round in brackets). SLO per part: {slos}.", ""]
+    slos = "; ".join(f"{p}: TTFT ≤ {PARTS[p][1].ttft_s:g} s, TPOT ≤ {PARTS[p][1].tpot_s:g} s" for p in d.parts)
+    rounds = max((len(v["goodput_rps"]["runs"]) for v in summary.values()), default=0)
+    lines += ["", f"Cells: mean over {rounds} rounds (each round in brackets). SLO per part: {slos}.", ""]
     lines += ["## Where each request class went (decisions, all rounds)", ""]
     lines += ["| variant | request class | deployment: decisions |", "|---|---|---|"]
     for variant, v in summary.items():
@@ -313,7 +343,8 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(summary: dict[str, Any], path: Path) -> None:
+def plot(summary: dict[str, Any], path: Path, design: Design | None = None, label: str = "SIMULATED") -> None:
+    d = design or TWIN
     import matplotlib
 
     matplotlib.use("Agg")
@@ -328,10 +359,10 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     ax1.set_xticks(list(xs), names)
     ax1.set_ylabel("goodput (requests meeting their SLO per s)")
     ax1.set_title("Mixed trace: goodput per variant (dots: rounds)")
-    width = 0.8 / len(PARTS)
-    for j, p in enumerate(PARTS):
+    width = 0.8 / len(d.parts)
+    for j, p in enumerate(d.parts):
         ax2.bar(
-            [i + (j - (len(PARTS) - 1) / 2) * width for i in xs],
+            [i + (j - (len(d.parts) - 1) / 2) * width for i in xs],
             [summary[n][f"parts.{p}.attainment"]["mean"] or 0 for n in names],
             width,
             label=p,
@@ -339,7 +370,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     ax2.set_xticks(list(xs), names)
     ax2.set_ylim(0, 1.05)
     ax2.set_ylabel("share of the part's requests meeting their SLO")
-    ax2.set_title("SLO attainment per part of the trace (SIMULATED)")
+    ax2.set_title(f"SLO attainment per part of the trace ({label})")
     ax2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

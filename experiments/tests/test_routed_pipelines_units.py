@@ -4,6 +4,7 @@ the route matrix read back from a decision log, and the verdict. (The run itself
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +100,32 @@ def test_report_writes_the_table_note_plot_and_verdict(tmp_path: Path) -> None:
     assert (out / "plot.png").stat().st_size > 0 and "beats every single pipeline on goodput: True" in (
         out / "NOTE.md"
     ).read_text()
+
+
+def test_the_real_run_has_no_batch_part_and_two_engines_per_variant() -> None:
+    from llmlab_experiments import real_routed_pipelines as r
+
+    trace = m.mixed_trace("m", r.FULL, 1, r.DESIGN.parts)
+    assert list(trace) == ["interactive", "documents", "chats"]
+    # the parts it keeps are the twin's, request for request
+    twin = m.mixed_trace("m", r.FULL, 1)
+    assert all(trace[p] == twin[p] for p in trace)
+    assert all(len(engines) == 2 for engines in r.DESIGN.variants.values())
+    assert r.DESIGN.variants["by class"] == ("B", "C")
+    header = m.table({}, r.DESIGN).splitlines()[0]
+    assert "batch" not in header and "documents met" in header and "chats TTFT p95 (ms)" in header
+
+
+def test_each_real_engine_runs_on_a_core_of_its_own() -> None:
+    from llmlab_experiments import real_routed_pipelines as r
+    from llmlab_experiments.real_pipelines import launches_of_pipelines
+
+    assert [r.core_of(k, [0, 1]) for k in ("B1", "C2", "B3")] == [0, 1, 0]
+    assert [r.core_of(k, [2, 5]) for k in ("C1", "C2")] == [2, 5]
+    launch = launches_of_pipelines()["B"]
+    cores = sorted(os.sched_getaffinity(0))
+    p = r.pinned_vllm_process("C2", 8123, launch)
+    core = str(cores[1 % len(cores)])
+    assert p.cmd[:3] == ["taskset", "-c", core] and "vllm.entrypoints.openai.api_server" in p.cmd
+    assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == core
+    assert p.cmd[p.cmd.index("--max-num-seqs") + 1] == str(launch.flags["--max-num-seqs"])
