@@ -15,7 +15,6 @@ variant and round (a reused engine would hold the documents an earlier variant c
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -65,7 +64,6 @@ def run(out: Path, quick: bool, command: str) -> Path:
 def report(out: Path, command: str, s: Sizes, rows: list[dict[str, Any]], t_start: float, duration: float) -> Path:
     summary = rp.summarize(rows, DESIGN)
     v = rp.verdict(summary)
-    by = summary.get("by class", {})
     rounds = sorted({r["round"] for r in rows})
     meta = metadata(
         **cpu_vllm_fields(
@@ -88,9 +86,6 @@ def report(out: Path, command: str, s: Sizes, rows: list[dict[str, Any]], t_star
         worker_concurrency={p: rp.CONCURRENCY[p] for p in ("B", "C")},
         cores={"engines": "one each, pinned", "stack_and_client": "both, shared"},
     )
-    n_failed = sum(r["requests"] - r["ok"] for r in rows)
-    gp = {k: x["goodput_rps"]["mean"] for k, x in summary.items()}
-    att = {k: x["slo_attainment"]["mean"] for k, x in summary.items()}
     note = Note(
         title="Routing by request class across pipelines B and C on real vLLM (one core per engine), against "
         "either pipeline alone",
@@ -109,18 +104,7 @@ def report(out: Path, command: str, s: Sizes, rows: list[dict[str, Any]], t_star
         changed_variable="which pipeline each of the two engines runs: B and C, routed by class; or both the same",
         expected="by class: the highest SLO attainment, from the interactive and chat parts; B only or C only: "
         "short requests late behind documents on the engine they share",
-        actual=(
-            "goodput per variant (req/s, mean of the rounds): "
-            + ", ".join(f"{k} {x:.3f}" if x is not None else f"{k} –" for k, x in gp.items())
-            + "; SLO attainment: "
-            + ", ".join(f"{k} {x:.2f}" if x is not None else f"{k} –" for k, x in att.items())
-            + f". Routing by class beats both single pipelines on goodput: {v['goodput']}, on SLO attainment: "
-            f"{v['attainment']}, in every round: {v['every_round']}"
-            + (f" (the best single pipeline: {v.get('best_single')})" if v.get("best_single") else "")
-            + ". "
-            + ("Routes by class: " + json.dumps(by.get("routes", {})) + ". " if by else "")
-            + (f"{n_failed} requests FAILED (see results.json)." if n_failed else "Every request succeeded.")
-        ),
+        actual=rp.actual(summary, v, rows, "both single pipelines"),
         interpretation=(
             "The per-part columns say where each variant loses requests. By class, C's one engine takes every "
             "document and B's one engine every short request; alone, each pipeline spreads both kinds over its "

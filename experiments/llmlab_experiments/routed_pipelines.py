@@ -313,6 +313,28 @@ def verdict(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def actual(summary: dict[str, Any], v: dict[str, Any], rows: list[dict[str, Any]], against: str) -> str:
+    """The note's "Actual": goodput and SLO attainment per variant, the verdict, where each class went by class,
+    and any failed request."""
+    by = summary.get("by class", {})
+    n_failed = sum(r["requests"] - r["ok"] for r in rows)
+
+    def means(metric: str, fmt: str) -> str:
+        return ", ".join(
+            f"{k} {x[metric]['mean']:{fmt}}" if x[metric]["mean"] is not None else f"{k} –" for k, x in summary.items()
+        )
+
+    return (
+        f"goodput per variant (req/s, mean of the rounds): {means('goodput_rps', '.3f')}; SLO attainment: "
+        f"{means('slo_attainment', '.2f')}. Routing by class beats {against} on goodput: {v['goodput']}, on SLO "
+        f"attainment: {v['attainment']}, in every round: {v['every_round']}"
+        + (f" (the best single pipeline: {v.get('best_single')})" if v.get("best_single") else "")
+        + ". "
+        + ("Routes by class: " + json.dumps(by.get("routes", {})) + ". " if by else "")
+        + (f"{n_failed} requests FAILED (see results.json)." if n_failed else "Every request succeeded.")
+    )
+
+
 def table(summary: dict[str, Any], design: Design | None = None) -> str:
     d = design or TWIN
     by_ttft = [p for p in ("interactive", "chats", "documents", "batch") if p in d.parts]
@@ -387,7 +409,6 @@ def run(out: Path, quick: bool, command: str) -> Path:
 def report(out: Path, command: str, s: Sizes, rows: list[dict[str, Any]], t_start: float, duration: float) -> Path:
     summary = summarize(rows)
     v = verdict(summary)
-    by = summary.get("by class", {})
     meta = metadata(
         **twin_fields(t_start, duration, command, "x3 behind gateway -> NATS -> worker-vllm"),
         prompt_dataset="real_pipelines' synthetic, seeded workloads, mixed (one trace, four parts at once)",
@@ -402,8 +423,6 @@ def report(out: Path, command: str, s: Sizes, rows: list[dict[str, Any]], t_star
         catalog=str(CATALOG),
         worker_concurrency=CONCURRENCY,
     )
-    n_failed = sum(r["requests"] - r["ok"] for r in rows)
-    gp = {k: x["goodput_rps"]["mean"] for k, x in summary.items()}
     note = Note(
         title="Routing by request class across pipelines A, B and C, against any one pipeline alone (twin)",
         hypothesis=(
@@ -421,16 +440,7 @@ def report(out: Path, command: str, s: Sizes, rows: list[dict[str, Any]], t_star
         changed_variable="which pipeline each engine runs: one of each, routed by class; or all three the same",
         expected="by class: the highest goodput and SLO attainment; B only: documents slow; A or C only: short "
         "requests late behind long work",
-        actual=(
-            "goodput per variant (req/s, mean of the rounds): "
-            + ", ".join(f"{k} {x:.3f}" if x is not None else f"{k} –" for k, x in gp.items())
-            + f". Routing by class beats every single pipeline on goodput: {v['goodput']}, on SLO attainment: "
-            f"{v['attainment']}, in every round: {v['every_round']}"
-            + (f" (the best single pipeline: {v.get('best_single')})" if v.get("best_single") else "")
-            + ". "
-            + ("Routes by class: " + json.dumps(by.get("routes", {})) + ". " if by else "")
-            + (f"{n_failed} requests FAILED (see results.json)." if n_failed else "Every request succeeded.")
-        ),
+        actual=actual(summary, v, rows, "every single pipeline"),
         interpretation=(
             "The table's per-part columns say which class each single pipeline fails: the part that loses its SLO "
             "there is the one its configuration was not made for. The twin overestimates the prefill of long "
