@@ -11,6 +11,9 @@ The trace is routed_pipelines' mixed trace without A's batch part: B's short que
 documents asked questions in turn, and C's short chats beside them, each request judged by its own class's CPU
 SLO (``real_pipelines.CPU_SLO``). Same trace, same engine count in every variant; a fresh pair of engines per
 variant and round (a reused engine would hold the documents an earlier variant cached). Everything MEASURED.
+
+The method is a :class:`Pair` (two pipelines, the trace's parts, sizes, note texts) run by :func:`run_pair`;
+:mod:`llmlab_experiments.real_routed_pipelines_ab` is the other pair, A and B.
 """
 
 from __future__ import annotations

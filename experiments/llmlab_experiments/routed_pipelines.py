@@ -246,16 +246,13 @@ def run_variant(
     return row
 
 
-def execute(
-    s: Sizes, spawn: Spawn = twin_process, design: Design | None = None, rounds: Sequence[int] | None = None
-) -> list[dict[str, Any]]:
-    """Every variant once per round, the order reversed in even rounds (ABBA); ``rounds``: which of the
-    design's rounds to run (a long real run is split into invocations, one round each)."""
+def execute(s: Sizes, spawn: Spawn = twin_process, design: Design | None = None) -> list[dict[str, Any]]:
+    """Every variant once per round, the order reversed in even rounds (ABBA)."""
     d = design or TWIN
     logging.getLogger("httpx").setLevel(logging.WARNING)
     rows: list[dict[str, Any]] = []
     names = list(d.variants)
-    for rnd in rounds or range(1, d.rounds + 1):
+    for rnd in range(1, d.rounds + 1):
         for variant in names if rnd % 2 else names[::-1]:
             rows.append(run_variant(variant, s, rnd, spawn, design=d))
     return rows
