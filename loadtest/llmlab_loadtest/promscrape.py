@@ -85,9 +85,15 @@ def percentiles_ms(cumulative: list[tuple[float, float]]) -> dict[str, float | N
     return out
 
 
-def sum_count(s: Scrape, histogram: str) -> tuple[float, float]:
-    """A histogram's ``_sum`` and ``_count``, its label sets added."""
-    return total(s, histogram + "_sum"), total(s, histogram + "_count")
+def sum_count(s: Scrape, histogram: str, where: Mapping[str, str] | None = None) -> tuple[float, float]:
+    """A histogram's ``_sum`` and ``_count``, its label sets that include ``where`` added."""
+    return total(s, histogram + "_sum", where), total(s, histogram + "_count", where)
+
+
+def selector(text: str) -> tuple[str, dict[str, str]]:
+    """``name{label="value",...}`` (PromQL's equality matchers only) as the name and its labels."""
+    name, _, rest = text.partition("{")
+    return name, dict(_LABEL.findall(rest))
 
 
 def quantile(cumulative: list[tuple[float, float]], q: float) -> float | None:

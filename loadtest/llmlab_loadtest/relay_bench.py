@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -102,6 +102,7 @@ class BenchConfig:
     client_timeout_s: float = 300.0
     ramp_s: float = 0.0
     min_requests: int = 1
+    min_per_stream: int = 1
     # Shared box: before each run wait up to quiet_wait_s for other processes to use < quiet_cores.
     quiet_wait_s: float = 60.0
     quiet_cores: float = 0.25
@@ -167,7 +168,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         choices=tuple(WORKLOAD_NAMES),
         default="default",
         help="gpu-like: TTFT 50 ms, ITL 20 ms (50 tokens/s per stream, as a GPU serves an 8B model), 64 tokens, "
-        "the full stack, levels 1 and 100, 20 requests per run at 1 stream; written as results/relay-gpu-<ts>. "
+        "the full stack, levels 1 and 100, 20 requests per run at 1 stream, 10 per stream at 100, the starts spread "
+        "over one request's length (a steady state); written as results/relay-gpu-<ts>. "
         "thousand: 1,000 streams all at once at ITL 100 ms (10 tokens/s each), 64 tokens, the full stack; "
         "results/relay-thousand-<ts>. capacity: the relay's "
         "tokens/s per core: ITL 1 ms (1,000 tokens/s per stream), 512 tokens, 50 streams, the full stack, 1,000 "
@@ -216,8 +218,13 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     p.add_argument(
         "--ramp-s",
         type=float,
-        default=0.0,
-        help="spread each run's stream starts over this many seconds (default 0: all at once)",
+        help="spread each run's stream starts over this many seconds (default 0: all at once; gpu-like: one "
+        "request's length, TTFT + (tokens - 1) x ITL, so requests arrive evenly from the start: a steady state)",
+    )
+    p.add_argument(
+        "--min-per-stream",
+        type=int,
+        help="each stream sends at least this many requests in a measured run (default 1; gpu-like 10)",
     )
     p.add_argument(
         "--quiet-wait",
@@ -259,6 +266,10 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     ttft_ms = a.ttft_ms if a.ttft_ms is not None else (50.0 if gpu or cap or thousand else 100.0)
     itl_ms = a.itl_ms if a.itl_ms is not None else (1.0 if cap else 20.0 if gpu else 100.0 if thousand else 50.0)
     min_requests = a.min_requests if a.min_requests is not None else (1000 if cap else 20 if gpu else 1)
+    min_per_stream = a.min_per_stream if a.min_per_stream is not None else (10 if gpu else 1)
+    # gpu-like is the steady state of its streams (the issue names "all at once" for the 1,000 streams only):
+    # starts spread over one request's length, so the run never sees the 100 arrivals of one instant
+    ramp_s = a.ramp_s if a.ramp_s is not None else ((ttft_ms + (tokens - 1) * itl_ms) / 1000.0 if gpu else 0.0)
     warmup_tokens = a.warmup_tokens if a.warmup_tokens is not None else min(32 if not a.quick else 16, tokens)
     if repeats < 1 or tokens < 2 or warmup_tokens < 1:
         p.error("--repeats >= 1, --tokens >= 2 and --warmup-tokens >= 1")
@@ -279,8 +290,9 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         out_dir=a.out_dir,
         keep_raw=a.keep_raw,
         quick=a.quick,
-        ramp_s=a.ramp_s,
+        ramp_s=ramp_s,
         min_requests=max(1, min_requests),
+        min_per_stream=max(1, min_per_stream),
         quiet_wait_s=a.quiet_wait if a.quiet_wait is not None else (0.0 if a.quick else 60.0),
         quiet_cores=a.quiet_cores,
         worker_heartbeat_s=a.worker_heartbeat_s,
@@ -614,7 +626,12 @@ class Run:
 
 # Histograms the services export, whose means split the stack's TTFT into its legs.
 BREAKDOWN_METRICS = {
-    "gateway": {"gateway_accept_to_first_token_ms": "llmlab_gateway_ttft_seconds"},
+    "gateway": {
+        "gateway_accept_to_first_token_ms": "llmlab_gateway_ttft_seconds",
+        # admission's legs, before the dispatch: the budget round trip, then the routing decision
+        "admission_auth_reserve_ms": 'llmlab_gateway_admission_seconds{step="auth_reserve"}',
+        "admission_route_ms": 'llmlab_gateway_admission_seconds{step="route"}',
+    },
     "worker": {
         "nats_queue_ms": "llmlab_worker_nats_queue_seconds",
         # nats_queue's legs: stored in JetStream -> the worker's handler; the handler -> the attempt running
@@ -636,6 +653,30 @@ def wait_sim_idle(base: str, timeout: float = 60.0) -> bool:
                 return True
         time.sleep(0.2)
     return False
+
+
+def ttft_legs_line(level: int, b: Mapping[str, float | None]) -> str:
+    """The stack's mean TTFT split into its legs. What the histograms do not cover is named as the
+    remainder: the gateway's parsing and building of the request, and the first token's way back
+    from the worker to the gateway (its NATS publish and the gateway's dispatch)."""
+
+    def v(key: str) -> float:
+        return b.get(key) or 0.0
+
+    accept = v("gateway_accept_to_first_token_ms")
+    legs = ("admission_auth_reserve_ms", "admission_route_ms", "nats_queue_ms", "engine_ttft_seen_by_worker_ms")
+    measured = sum(v(k) for k in legs)
+    return (
+        f"{level} streams, stack TTFT legs (means, ms): client {v('client_ttft_mean_ms'):.0f} (direct "
+        f"{v('direct_client_ttft_mean_ms'):.0f}) = HTTP into the gateway and back out "
+        f"{v('client_ttft_mean_ms') - accept:.0f} + gateway accepted -> first token {accept:.0f}, of which "
+        f"authentication and budget reserve {v('admission_auth_reserve_ms'):.0f}, the routing decision "
+        f"{v('admission_route_ms'):.0f}, waiting in NATS (dispatch -> worker takes it) {v('nats_queue_ms'):.0f} "
+        f"(of it: stored in JetStream -> the worker's handler {v('jetstream_wait_ms'):.0f}, the handler -> the "
+        f"attempt running {v('worker_intake_ms'):.0f}; the rest is the gateway's publish), the engine call to its "
+        f"first token {v('engine_ttft_seen_by_worker_ms'):.0f}, and not covered by those {accept - measured:.0f} "
+        "(parsing, building the request, the first token's way back to the gateway)."
+    )
 
 
 def histogram_means_ms(
@@ -827,7 +868,7 @@ class Bench:
         run is marked profiled and left out of the figures)."""
         c = self.cfg
         tokens = c.warmup_tokens if repeat == 0 else c.tokens
-        per_stream = 1 if repeat == 0 else -(-c.min_requests // level)  # ceil
+        per_stream = 1 if repeat == 0 else max(c.min_per_stream, -(-c.min_requests // level))  # ceil
         run = Run(level=level, mode=mode, repeat=repeat, tokens=tokens, requests_per_stream=per_stream)
         run.profiled = profile_dir is not None
         self.wait_idle()
@@ -955,7 +996,8 @@ class Bench:
             after = {"gateway": promscrape.scrape(url(self.gateway)), "worker": promscrape.scrape(url(self.worker))}
             for svc, names in BREAKDOWN_METRICS.items():
                 before_sc, after_sc = (
-                    {m: promscrape.sum_count(sc[svc], m) for m in names.values()} for sc in (scraped, after)
+                    {m: promscrape.sum_count(sc[svc], *promscrape.selector(m)) for m in names.values()}
+                    for sc in (scraped, after)
                 )
                 run.breakdown.update(histogram_means_ms(before_sc, after_sc, names))
             gd = promscrape.delta(scraped["gateway"], after["gateway"])
@@ -1414,17 +1456,7 @@ def analyse(comparisons: Sequence[dict[str, Any]], cores: int, heartbeat_s: floa
             )
         b = c.get("ttft_breakdown_ms") or {}
         if b.get("gateway_accept_to_first_token_ms") is not None and b.get("client_ttft_mean_ms") is not None:
-            lines.append(
-                f"{level} streams, stack TTFT legs (means, ms): client {b['client_ttft_mean_ms']:.0f} (direct "
-                f"{b.get('direct_client_ttft_mean_ms') or 0:.0f}) = HTTP into the gateway and back out "
-                f"{b['client_ttft_mean_ms'] - b['gateway_accept_to_first_token_ms']:.0f} + gateway accepted -> first "
-                f"token {b['gateway_accept_to_first_token_ms']:.0f}, of which waiting in NATS (dispatch -> worker "
-                f"takes it) {b.get('nats_queue_ms') or 0:.0f} (of it: stored in JetStream -> the worker's handler "
-                f"{b.get('jetstream_wait_ms') or 0:.0f}, the handler -> the attempt running "
-                f"{b.get('worker_intake_ms') or 0:.0f}; the rest is the gateway's publish) and the engine call to its "
-                "first token "
-                f"{b.get('engine_ttft_seen_by_worker_ms') or 0:.0f}."
-            )
+            lines.append(ttft_legs_line(level, b))
         fail = c["failures"]["stack"]
         live = c["liveness"]["stack"]
         gap = live.get("heartbeat_gap_max_s")
@@ -1541,7 +1573,7 @@ def metadata(cfg: BenchConfig, bench: Bench, started: dt.datetime, duration_s: f
         ),
         "duration": (
             f"{duration_s:.0f} s for the whole benchmark; per run each stream sends "
-            f"ceil({cfg.min_requests} / level) request(s) back to back, streams start "
+            f"max({cfg.min_per_stream}, ceil({cfg.min_requests} / level)) request(s) back to back, streams start "
             + (f"over {cfg.ramp_s:g} s" if cfg.ramp_s > 0 else "all at once")
             + "; window = first send to last byte (per-run client_summary.window_s)"
         ),

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from llmlab_loadtest import promscrape
 from llmlab_loadtest import relay_bench as rb
 from llmlab_loadtest.bench_meta import METADATA_FIELDS
 
@@ -202,6 +203,39 @@ def test_histogram_means_between_two_scrapes() -> None:
 
 
 @pytest.mark.unit
+def test_admission_legs_come_from_their_labelled_series() -> None:
+    """The admission histogram has one series per step: each leg reads its own, not their sum."""
+    text = "\n".join(
+        (
+            'llmlab_gateway_admission_seconds_sum{step="auth_reserve"} 0.6',
+            'llmlab_gateway_admission_seconds_count{step="auth_reserve"} 10',
+            'llmlab_gateway_admission_seconds_sum{step="route"} 0.2',
+            'llmlab_gateway_admission_seconds_count{step="route"} 10',
+        )
+    )
+    scraped = promscrape.parse(text)
+    names = rb.BREAKDOWN_METRICS["gateway"]
+    now = {m: promscrape.sum_count(scraped, *promscrape.selector(m)) for m in names.values()}
+    means = rb.histogram_means_ms({}, now, names)
+    assert means["admission_auth_reserve_ms"] == pytest.approx(60.0)
+    assert means["admission_route_ms"] == pytest.approx(20.0)
+    line = rb.ttft_legs_line(
+        100,
+        {
+            "client_ttft_mean_ms": 200.0,
+            "direct_client_ttft_mean_ms": 80.0,
+            "gateway_accept_to_first_token_ms": 150.0,
+            "admission_auth_reserve_ms": 60.0,
+            "admission_route_ms": 20.0,
+            "nats_queue_ms": 10.0,
+            "engine_ttft_seen_by_worker_ms": 52.0,
+        },
+    )
+    # 150 - (60 + 20 + 10 + 52) = 8 ms not covered; 200 - 150 = 50 ms of HTTP
+    assert "not covered by those 8 " in line and "back out 50 " in line, line
+
+
+@pytest.mark.unit
 def test_service_warning_lines_are_recognised() -> None:
     assert rb._is_warning('{"ts": 1, "level": "warning", "service": "gateway", "msg": "stream ended with error"}')
     assert rb._is_warning('{"level":"error","msg":"x"}')
@@ -215,8 +249,18 @@ def test_gpu_like_workload_preset() -> None:
     cfg = rb.parse_args(["--workload", "gpu-like"])
     assert (cfg.ttft_ms, cfg.itl_ms, cfg.tokens, cfg.stack, cfg.name) == (50.0, 20.0, 64, "full", "relay-gpu")
     assert cfg.levels == [1, 100] and cfg.min_requests == 20
+    # A steady state: each stream sends 10 requests at least, the starts spread over one request's
+    # length (50 ms + 63 x 20 ms), so the 100 streams' requests arrive evenly from the first one.
+    assert (cfg.min_per_stream, cfg.ramp_s) == (10, pytest.approx(1.31))
     own = rb.parse_args(["--workload", "gpu-like", "--stack", "relay", "--itl-ms", "5"])
     assert (own.stack, own.itl_ms, own.ttft_ms) == ("relay", 5.0, 50.0)
+    assert own.ramp_s == pytest.approx((50 + 63 * 5) / 1000)
+    burst = rb.parse_args(["--workload", "gpu-like", "--ramp-s", "0", "--min-per-stream", "1"])
+    assert (burst.ramp_s, burst.min_per_stream) == (0.0, 1)
+    # The other workloads start all at once, one request per stream unless asked.
+    for workload in ("default", "thousand", "capacity"):
+        other = rb.parse_args(["--workload", workload])
+        assert (other.ramp_s, other.min_per_stream) == (0.0, 1), workload
     # The simulator's own 1 ms tick unless asked; a strict step loop (tick = ITL) on request.
     assert cfg.sim_tick_ms == 1.0
     assert rb.parse_args(["--workload", "gpu-like", "--sim-tick-ms", "20", "--ramp-s", "1.3"]).sim_tick_ms == 20.0
