@@ -277,7 +277,7 @@ def test_quick_full_stack_run(quick_bench: Callable[..., Any]) -> None:
         extra_fields=("simulated_note",),
         # 1 kHz: at 100 Hz the gateway's few ms of GIL time in this run gave no sample on a fast host (CI flake)
         args=[
-            *("--workload", "gpu-like", "--levels", "1", "--min-requests", "3", "--dirty"),
+            *("--workload", "gpu-like", "--levels", "1", "--min-requests", "3", "--min-per-stream", "1", "--dirty"),
             *("--profile-hz", "1000", "--sim-tick-ms", "20"),
         ],
     )
