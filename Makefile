@@ -109,7 +109,7 @@ demo: up ## the main job: stack on the simulator, streaming requests via the ope
 local-demo: install infra install-vllm ## SmolLM2 on two local llama.cpp servers behind the stack (worker-openai): one killed mid-run and restarted, no request lost; the report shows model load apart from generation and the failover (~2 min) -> results/local-demo/<ts>/
 	$(PY) scripts/local_demo.py $(LOCAL_DEMO_ARGS)
 
-# One workload per invocation of its module; `make bench` runs the data-plane three (about 8 minutes).
+# One workload per invocation of its module; `make bench` runs the data-plane three (about 9 minutes).
 BENCH_WORKLOADS := cost gpu-like thousand
 BENCH_CMD_cost := -m llmlab_loadtest.cost_bench
 BENCH_CMD_default := -m llmlab_loadtest.relay_bench
