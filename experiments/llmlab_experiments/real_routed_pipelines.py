@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +62,8 @@ BC = Pair(
     name="real_routed_pipelines",
     pipelines=("B", "C"),
     parts=("interactive", "documents", "chats"),
-    # A's fields are unused (no batch part); B's and C's as the twin's run, so the parts match it request for request.
-    full=Sizes(a_streams=1, a_requests_per_stream=1, a_max_tokens=4, a_rungs=(1,),
-               b_requests=24, b_rate_per_s=1.0, b_max_tokens=16,
-               c_documents=3, c_questions=2, c_doc_sentences=60, c_max_tokens=12, c_short_chats=6),
+    # The twin's run's sizes, so the parts match it request for request; A's fields are unused (no batch part).
+    full=replace(rp.FULL, a_streams=1, a_requests_per_stream=1, a_max_tokens=4, a_rungs=(1,)),
     quick=Sizes(a_streams=1, a_requests_per_stream=1, a_max_tokens=4, a_rungs=(1,),
                 b_requests=6, b_rate_per_s=2.0, b_max_tokens=8,
                 c_documents=1, c_questions=2, c_doc_sentences=60, c_max_tokens=6, c_short_chats=2),

@@ -7,8 +7,10 @@ this 2-core host could not do fairly at once. Everything MEASURED."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+from llmlab_experiments import routed_pipelines as rp
 from llmlab_experiments.real_pipelines import Sizes
 from llmlab_experiments.real_routed_pipelines import Pair, run_pair
 
@@ -16,10 +18,8 @@ AB = Pair(
     name="real_routed_pipelines_ab",
     pipelines=("A", "B"),
     parts=("batch", "interactive"),
-    # A's and B's parts as the twin's run (routed_pipelines.FULL); C's fields are unused (no document or chat part).
-    full=Sizes(a_streams=8, a_requests_per_stream=2, a_max_tokens=24, a_rungs=(8,),
-               b_requests=24, b_rate_per_s=1.0, b_max_tokens=16,
-               c_documents=1, c_questions=1, c_doc_sentences=60, c_max_tokens=4, c_short_chats=0),
+    # The twin's run's sizes, so A's and B's parts match it; C's fields are unused (no document or chat part).
+    full=replace(rp.FULL, c_documents=1, c_questions=1, c_doc_sentences=60, c_max_tokens=4, c_short_chats=0),
     quick=Sizes(a_streams=3, a_requests_per_stream=1, a_max_tokens=8, a_rungs=(3,),
                 b_requests=6, b_rate_per_s=2.0, b_max_tokens=8,
                 c_documents=1, c_questions=1, c_doc_sentences=60, c_max_tokens=4, c_short_chats=0),
