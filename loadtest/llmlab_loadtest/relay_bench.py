@@ -679,6 +679,11 @@ def ttft_legs_line(level: int, b: Mapping[str, float | None]) -> str:
     )
 
 
+def histogram_sums(scraped: promscrape.Scrape, names: Mapping[str, str]) -> dict[str, tuple[float, float]]:
+    """Each selector's histogram ``_sum`` and ``_count`` in one scrape (``name{label="value"}`` reads that series)."""
+    return {m: promscrape.sum_count(scraped, *promscrape.selector(m)) for m in names.values()}
+
+
 def histogram_means_ms(
     before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], names: dict[str, str]
 ) -> dict[str, float | None]:
@@ -995,11 +1000,9 @@ class Bench:
         if mode == "stack":
             after = {"gateway": promscrape.scrape(url(self.gateway)), "worker": promscrape.scrape(url(self.worker))}
             for svc, names in BREAKDOWN_METRICS.items():
-                before_sc, after_sc = (
-                    {m: promscrape.sum_count(sc[svc], *promscrape.selector(m)) for m in names.values()}
-                    for sc in (scraped, after)
+                run.breakdown.update(
+                    histogram_means_ms(histogram_sums(scraped[svc], names), histogram_sums(after[svc], names), names)
                 )
-                run.breakdown.update(histogram_means_ms(before_sc, after_sc, names))
             gd = promscrape.delta(scraped["gateway"], after["gateway"])
             wd = promscrape.delta(scraped["worker"], after["worker"])
             run.queue_buckets = promscrape.buckets(wd, "llmlab_worker_nats_queue_seconds")

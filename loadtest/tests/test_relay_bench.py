@@ -215,8 +215,7 @@ def test_admission_legs_come_from_their_labelled_series() -> None:
     )
     scraped = promscrape.parse(text)
     names = rb.BREAKDOWN_METRICS["gateway"]
-    now = {m: promscrape.sum_count(scraped, *promscrape.selector(m)) for m in names.values()}
-    means = rb.histogram_means_ms({}, now, names)
+    means = rb.histogram_means_ms({}, rb.histogram_sums(scraped, names), names)
     assert means["admission_auth_reserve_ms"] == pytest.approx(60.0)
     assert means["admission_route_ms"] == pytest.approx(20.0)
     line = rb.ttft_legs_line(
