@@ -234,6 +234,13 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     )
     p.add_argument("--quiet-cores", type=float, default=0.25, help="'quiet' = other processes use less than this")
     p.add_argument(
+        "--sample-interval-s",
+        type=float,
+        default=0.5,
+        help="CPU sampling interval of every process (default 0.5 s); 0.05 resolves a burst's stages in the "
+        "timeline panel (the kernel counts CPU in 10 ms ticks: a 50 ms sample is 0.2 cores per tick)",
+    )
+    p.add_argument(
         "--render",
         type=Path,
         metavar="JSON",
@@ -275,6 +282,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         p.error("--repeats >= 1, --tokens >= 2 and --warmup-tokens >= 1")
     if a.gateway_processes < 1 or a.worker_processes < 1:
         p.error("--gateway-processes and --worker-processes need at least 1")
+    if not 0.01 <= a.sample_interval_s <= 5.0:
+        p.error("--sample-interval-s must be between 0.01 and 5")
     seqs = max(1100, max(levels))
     return BenchConfig(
         render=a.render,
@@ -295,6 +304,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         min_per_stream=max(1, min_per_stream),
         quiet_wait_s=a.quiet_wait if a.quiet_wait is not None else (0.0 if a.quick else 60.0),
         quiet_cores=a.quiet_cores,
+        sample_interval_s=a.sample_interval_s,
         worker_heartbeat_s=a.worker_heartbeat_s,
         stack=a.stack or ("full" if gpu or cap or thousand else "relay"),
         dirty=a.dirty,
@@ -360,6 +370,7 @@ class Sampler:
         self.t0 = 0.0
         self._sys0 = (0.0, 0.0)
         self.system: dict[str, float] = {}
+        self.times: list[float] = []  # each tick's end, seconds after start (the samples' x axis)
         self.startup_heavy = {"client"}  # processes whose first sample is their start-up, not the load
 
     def add(self, name: str, proc: psutil.Process) -> None:
@@ -382,6 +393,7 @@ class Sampler:
         now = time.monotonic()
         dt_s = max(1e-6, now - self._t_last)
         self._t_last = now
+        self.times.append(now - self.t0)
         for name, p in self.procs.items():
             st = self.stats.setdefault(name, ProcStats())
             try:
@@ -567,6 +579,7 @@ class Run:
     loop_lag_buckets: list[tuple[float, float]] = field(default_factory=list)  # the worker's event loop
     router_fallbacks: dict[str, float] = field(default_factory=dict)
     statuses: dict[str, float] = field(default_factory=dict)
+    sample_times_s: list[float] = field(default_factory=list)  # when each CPU sample of ``processes`` ended
 
     @property
     def warmup(self) -> bool:
@@ -621,6 +634,7 @@ class Run:
             "loop_lag_buckets": [[le if le != float("inf") else "+Inf", n] for le, n in self.loop_lag_buckets],
             "router_fallbacks": self.router_fallbacks,
             "gateway_statuses": self.statuses,
+            "sample_times_s": [round(t, 3) for t in self.sample_times_s],
         }
 
 
@@ -971,6 +985,7 @@ class Bench:
         self.client = None
         run.system = sampler.system
         run.processes = {n: st.to_json() for n, st in sampler.stats.items()}
+        run.sample_times_s = sampler.times
         if out.exists():
             data = json.loads(out.read_text())
             run.summary = data["summary"]
@@ -1606,6 +1621,7 @@ def metadata(cfg: BenchConfig, bench: Bench, started: dt.datetime, duration_s: f
             "processes": cfg.worker_processes,
         },
         "gateway_processes": cfg.gateway_processes,
+        "sample_interval_s": cfg.sample_interval_s,
         "gateway": (
             {"queue_timeout_s": cfg.queue_timeout_s, "auth": "static", "router": "embedded"}
             if cfg.stack == "relay"
@@ -1643,6 +1659,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         return "[" + ", ".join(f(v, nd) for v in d["runs"]) + "]"
 
     tick = meta["simulator"].get("tick_ms", 1.0)  # results before the option ran on the simulator's 1 ms
+    interval = float(meta.get("sample_interval_s", 0.5))  # the fixed interval before the option
     out = [
         f"# Relay benchmark {meta['date']}",
         "",
@@ -1731,7 +1748,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
             )
     out += [
         "",
-        "## CPU (mean cores over the run; peak = highest 0.5 s sample) and peak RSS",
+        f"## CPU (mean cores over the run; peak = highest {interval:g} s sample) and peak RSS",
         "",
         "| streams | mode | " + " | ".join(("client", *SERVICES)) + " | machine busy | other load |",
         "|---:|---|" + "---:|" * (len(SERVICES) + 3),
@@ -1748,6 +1765,13 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 + " | ".join(cells)
                 + f" | {f(cpu['machine_busy']['mean'], 2)} | {f(cpu['other_load']['mean'], 2)} |"
             )
+    shown = timeline_runs(doc)
+    if shown:
+        out += [
+            "",
+            f"Over time: the plot's bottom row, cores per process in {interval:g} s samples of the first measured "
+            f"run of each mode at {shown[0]['level']} streams.",
+        ]
     out += ["", "## What limits it", ""] + [f"- {ln}" for ln in doc["summary"]["analysis"]]
     warm = [r for r in doc["runs"] if r["warmup"]]
     if warm:
@@ -1771,6 +1795,36 @@ def render_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def timeline_runs(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The first measured run of each mode at the highest level, when it has its samples' times
+    (results from before the option have none): the timeline panels' runs, direct first."""
+    measured = [r for r in doc.get("runs", []) if not r.get("warmup") and not r.get("profiled")]
+    if not measured:
+        return []
+    top = max(r["level"] for r in measured)
+    out = []
+    for mode in MODES:
+        run = next((r for r in measured if r["level"] == top and r["mode"] == mode), None)
+        if run is not None and run.get("sample_times_s"):
+            out.append(run)
+    return out
+
+
+def _timeline(ax: Any, run: dict[str, Any], names: Sequence[str], cores: int) -> None:
+    """Cores per process over one run, stacked: sample i covers (t[i-1], t[i]]."""
+    times = run["sample_times_s"]
+    series = []
+    for n in names:
+        v = list((run["processes"].get(n) or {}).get("samples") or [])
+        series.append((v + [0.0] * len(times))[: len(times)])  # the client's end early: zeros after
+    ax.stackplot(times, *series, labels=list(names), step="pre")
+    ax.axhline(cores, color="red", linestyle="--", linewidth=1)
+    ax.set_xlim(0, times[-1])
+    ax.set_xlabel("seconds since the run started")
+    ax.set_ylabel("cores")
+    ax.set_title(f"{run['level']} streams, {run['mode']} (repeat {run['repeat']}): CPU over time", fontsize=9)
+
+
 def render_plot(doc: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -1783,7 +1837,10 @@ def render_plot(doc: dict[str, Any], path: Path) -> None:
     labels = [str(c["level"]) for c in comps]
     xs = list(range(len(comps)))
     w = 0.38
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    shown = timeline_runs(doc)
+    rows = 3 if shown else 2
+    fig, grid = plt.subplots(rows, 2, figsize=(12, 4.25 * rows))
+    axes = grid[:2]
     colors = {"direct": "#4C72B0", "stack": "#DD8452"}
 
     def bars(ax: Any, metric: str, title: str, ylabel: str) -> None:
@@ -1830,6 +1887,12 @@ def render_plot(doc: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("mean cores")
     ax.set_title("CPU by process (left bar direct, right bar stack)")
     ax.legend(fontsize=7, ncol=2)
+    for i, run in enumerate(shown):
+        _timeline(grid[2][i], run, names, cores)
+    if shown:
+        grid[2][0].legend(fontsize=7, ncol=2, loc="upper right")
+    if len(shown) == 1:
+        grid[2][1].axis("off")
     meta = doc["metadata"]
     fig.suptitle(
         f"Relay benchmark {meta['date']} — simulated engine (no GPU), commit {meta['git_commit'][:10]}", fontsize=11

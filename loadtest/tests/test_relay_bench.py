@@ -158,12 +158,51 @@ def test_reports_render(tmp_path: Path) -> None:
     doc = _doc(tmp_path)
     md = rb.render_markdown(doc)
     assert "| 1000 |" in md and "**MISS**" in md and "## What limits it" in md and "Warm-up runs" in md
+    assert "highest 0.5 s sample" in md and "Over time" not in md  # no sample times: no timeline
     png = tmp_path / "plot.png"
     rb.render_plot(doc, png)
     assert png.stat().st_size > 10_000
+    # With sample times (and a finer interval): the timeline row and its line in the report.
+    _with_sample_times(doc)
+    doc["metadata"]["sample_interval_s"] = 0.05
+    md = rb.render_markdown(doc)
+    assert "highest 0.05 s sample" in md and "0.05 s samples of the first measured run of each mode at 1000" in md
+    timeline = tmp_path / "timeline.png"
+    rb.render_plot(doc, timeline)
+    from matplotlib.image import imread
+
+    assert imread(timeline).shape[0] > imread(png).shape[0] * 1.3  # a third row of panels
     lines = rb.report_lines(doc, {"json": tmp_path / "x.json"})
     assert any(ln.strip().startswith("1000") for ln in lines)
     assert any("MISS" in ln for ln in lines)
+
+
+def _with_sample_times(doc: dict[str, Any]) -> None:
+    for r in doc["runs"]:
+        r["sample_times_s"] = [0.05 * (i + 1) for i in range(4)]
+        for proc in r["processes"].values():
+            proc["samples"] = [0.2, 0.9, 0.4]  # one short (a process that ended early)
+
+
+@pytest.mark.unit
+def test_the_timeline_shows_the_first_measured_run_of_each_mode_at_the_highest_level(tmp_path: Path) -> None:
+    doc = _doc(tmp_path)
+    assert rb.timeline_runs(doc) == []  # results from before the sample times: none
+    _with_sample_times(doc)
+    shown = rb.timeline_runs(doc)
+    assert [(r["level"], r["mode"], r["repeat"]) for r in shown] == [(1000, "direct", 1), (1000, "stack", 1)]
+    doc["runs"] = [r for r in doc["runs"] if not (r["level"] == 1000 and r["mode"] == "direct")]
+    assert [(r["level"], r["mode"]) for r in rb.timeline_runs(doc)] == [(1000, "stack")]
+    rb.render_plot(doc, tmp_path / "one.png")  # one panel of the row left empty
+
+
+@pytest.mark.unit
+def test_sample_interval_option() -> None:
+    assert rb.parse_args([]).sample_interval_s == 0.5
+    assert rb.parse_args(["--workload", "thousand", "--sample-interval-s", "0.05"]).sample_interval_s == 0.05
+    for bad in ("0", "0.001", "10"):
+        with pytest.raises(SystemExit):
+            rb.parse_args(["--sample-interval-s", bad])
 
 
 REQUIRED_METADATA = (*METADATA_FIELDS, "simulated_note")
