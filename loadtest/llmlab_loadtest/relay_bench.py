@@ -1810,9 +1810,12 @@ def timeline_runs(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _timeline(ax: Any, run: dict[str, Any], names: Sequence[str], cores: int) -> None:
-    """Cores per process over one run, stacked: sample i covers (t[i-1], t[i]]."""
+def _timeline(ax: Any, run: dict[str, Any], cores: int) -> None:
+    """Cores per process over one run, stacked: sample i covers (t[i-1], t[i]]. Every process of the
+    run, the full stack's budget, router and accounting too, in the CPU bars' order first."""
     times = run["sample_times_s"]
+    first = ["client", *SERVICES]
+    names = [n for n in first if n in run["processes"]] + sorted(set(run["processes"]) - set(first))
     series = []
     for n in names:
         v = list((run["processes"].get(n) or {}).get("samples") or [])
@@ -1888,9 +1891,9 @@ def render_plot(doc: dict[str, Any], path: Path) -> None:
     ax.set_title("CPU by process (left bar direct, right bar stack)")
     ax.legend(fontsize=7, ncol=2)
     for i, run in enumerate(shown):
-        _timeline(grid[2][i], run, names, cores)
+        _timeline(grid[2][i], run, cores)
     if shown:
-        grid[2][0].legend(fontsize=7, ncol=2, loc="upper right")
+        grid[2][len(shown) - 1].legend(fontsize=7, ncol=2, loc="upper right")  # the stack's run when shown
     if len(shown) == 1:
         grid[2][1].axis("off")
     meta = doc["metadata"]
