@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -132,12 +133,19 @@ class BenchConfig:
         return WORKLOAD_NAMES[self.workload]
 
 
+def metadata_cores(meta: dict[str, Any]) -> int | None:
+    """The logical cores the metadata's ``cpu`` field names ("..., 2 logical cores (2 physical), avx2+...";
+    before the ISA was added it ended with the cores)."""
+    m = re.search(r"(\d+) logical cores", str(meta.get("cpu", "")))
+    return int(m.group(1)) if m else None
+
+
 def rerender(path: Path) -> dict[str, Path]:
     """Re-derive targets and analysis of a saved run with this code and rewrite its reports."""
     doc = json.loads(path.read_text())
     comps = doc["summary"]["levels"]
     hb = float((doc["metadata"].get("worker") or {}).get("heartbeat_interval_s", 1.0))
-    cores = int(str(doc["metadata"].get("cpu", "")).split(", ")[-1].split(" ")[0] or 0) or (psutil.cpu_count() or 2)
+    cores = metadata_cores(doc["metadata"]) or (psutil.cpu_count() or 2)
     doc["summary"]["targets"] = targets_for(str(doc["metadata"].get("workload", "default")), comps)
     doc["summary"]["analysis"] = analyse(comps, cores, hb)
     path.write_text(json.dumps(doc, indent=1))

@@ -444,3 +444,20 @@ def test_capacity_targets_are_tokens_per_core_of_each_process() -> None:
     failed = rb.evaluate_capacity_targets([_level(50, 0, 0, 1, ok=False, gw=10, wk=10)])
     assert {x["result"] for x in failed} == {"MISS"}
     assert rb.targets_for("capacity", [_level(50, 0, 0, 1)]) == rb.evaluate_capacity_targets([_level(50, 0, 0, 1)])
+
+
+@pytest.mark.unit
+def test_render_rewrites_a_saved_run_whose_cpu_field_names_the_isa(tmp_path: Path) -> None:
+    """``--render`` read the cores as the cpu field's last comma-separated part: since the field ends
+    with the ISA ("avx2+avx512f"), every re-render failed."""
+    doc = _doc(tmp_path)
+    doc["metadata"]["cpu"] = (
+        "Intel(R) Xeon(R) Processor (family 6 model 167), 2 logical cores (2 physical), avx2+avx512f"
+    )
+    assert rb.metadata_cores(doc["metadata"]) == 2
+    assert rb.metadata_cores({"cpu": "AMD EPYC, 16 logical cores (8 physical)"}) == 16  # before the ISA
+    assert rb.metadata_cores({}) is None
+    saved = tmp_path / "result.json"
+    saved.write_text(json.dumps(doc))
+    paths = rb.rerender(saved)
+    assert paths["png"].stat().st_size > 10_000 and "## What limits it" in paths["md"].read_text()
