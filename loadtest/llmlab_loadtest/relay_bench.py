@@ -1831,6 +1831,7 @@ def _timeline(ax: Any, run: dict[str, Any], cores: int) -> None:
     ax.stackplot(times, *series, labels=list(names), step="pre")
     ax.axhline(cores, color="red", linestyle="--", linewidth=1)
     ax.set_xlim(0, times[-1])
+    ax.set_ylim(0, cores + 0.5)  # one scale for both modes' panels (a sample over the cores is the 10 ms ticks)
     ax.set_xlabel("seconds since the run started")
     ax.set_ylabel("cores")
     ax.set_title(f"{run['level']} streams, {run['mode']} (repeat {run['repeat']}): CPU over time", fontsize=9)
