@@ -186,3 +186,91 @@ async def test_keys_are_checked_before_the_body_and_failing_addresses_are_refuse
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
         r = await c.post("/v1/chat/completions", json=body, headers=bearer("sk-wrong"))
         assert r.status_code == 401 and calls[-1] == "auth:sk-wrong"
+
+
+async def test_a_streamed_answer_is_sent_in_as_few_writes_as_its_batches() -> None:
+    """Catches: the chat role chunk, ``[DONE]`` and the chunked body's end each sent as a write of
+    its own (a 2-token answer was six socket writes: headers, role, each batch, [DONE], the
+    terminator). The role goes with the first batch; the last batch, [DONE] and the end go as one."""
+    from llmlab_common.messages import Principal, StreamEnd, Timings, TokenChunk, Usage
+    from llmlab_common.metrics import Metrics
+    from llmlab_gateway.auth import Admission
+    from llmlab_gateway.deps import Gateway
+    from llmlab_gateway.metrics import GatewayMetrics
+    from llmlab_gateway.relay import handle_completion
+    from llmlab_gateway.service import CallContext, OpenedStream
+    from llmlab_routing.config import CatalogHolder
+
+    holder = CatalogHolder(CATALOG)
+    deployment = holder.current.catalog.deployments[0]
+    closed: list[bool] = []
+
+    def tok(seq: int, text: str) -> TokenChunk:
+        return TokenChunk(request_id="r", attempt=1, seq=seq, text=text, token_times=[0.1], tokens=1)
+
+    class Handle:
+        attempt = 1
+        taken = True
+
+        def __init__(self) -> None:
+            self.later = [tok(2, " world")]  # arrives after the first batch went out
+            self.waiting: list[object] = []
+
+        async def next(self, timeout: float) -> object:
+            self.waiting.append(
+                StreamEnd(
+                    request_id="r",
+                    attempt=1,
+                    seq=3,
+                    finish_reason="stop",
+                    usage=Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5),
+                    timings=Timings(nats_queue_s=0, e2e_s=0.1),
+                )
+            )
+            return self.later.pop(0)
+
+        def next_nowait(self) -> object:
+            return self.waiting.pop(0) if self.waiting else None
+
+    class Service:
+        async def open(self, ctx: CallContext) -> OpenedStream:
+            return OpenedStream(ctx, deployment, Handle(), tok(1, "Hello"), idle_timeout_s=5)  # type: ignore[arg-type]
+
+        def close(self, opened: object, ctx: object, client_gone: bool) -> None:
+            closed.append(client_gone)
+
+    class Admitter:
+        async def authenticate(self, api_key: str) -> Principal:
+            return Principal(key_id="k", plan="pro")
+
+        async def admit(self, api_key: str, req: object) -> Admission:
+            return Admission(principal=Principal(key_id="k", plan="pro"), max_tokens=8)
+
+    gw = Gateway(GatewaySettings(), holder, Admitter(), Service(), GatewayMetrics(Metrics("t")))  # type: ignore[arg-type]
+    app = RawSendApp()
+
+    async def chat(request: Request) -> Response:
+        return await handle_completion(request, gw, "chat")
+
+    app.fast_routes = {"/v1/chat/completions": chat}
+    sent: list[dict[str, object]] = []
+
+    async def recording(scope: dict[str, object], receive: object, send: object) -> None:
+        async def rec(message: dict[str, object]) -> None:
+            sent.append(message)
+            await send(message)  # type: ignore[operator]
+
+        await app(scope, receive, rec)  # type: ignore[arg-type]
+
+    body = {"model": deployment.model, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=recording), base_url="http://t") as c:
+        r = await c.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-x"})
+    assert r.status_code == 200, r.text
+    events = [ln.removeprefix("data: ") for ln in r.text.split("\n\n") if ln]
+    assert events[-1] == "[DONE]" and len(events) == 5  # role, Hello, world, the finish chunk, [DONE]
+    bodies = [m for m in sent if m["type"] == "http.response.body"]
+    assert [m["more_body"] for m in bodies] == [True, False]  # two writes after the headers
+    first, last = (bytes(m["body"]) for m in bodies)  # type: ignore[call-overload]
+    assert b'"role":"assistant"' in first and b"Hello" in first and b"world" not in first
+    assert b"world" in last and b'"finish_reason":"stop"' in last and last.endswith(b"data: [DONE]\n\n")
+    assert closed == [False]  # a finished answer, not a client that left
