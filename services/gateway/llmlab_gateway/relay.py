@@ -35,7 +35,7 @@ from llmlab_gateway.metrics import (
 )
 from llmlab_gateway.schemas import MAX_JSON_DEPTH, ChatCompletionRequest, CompletionRequest, json_depth_exceeds
 from llmlab_gateway.service import CallContext, CompletionService, OpenedStream, estimate_prompt
-from llmlab_gateway.sse import FinalFrame, SseResponse
+from llmlab_gateway.sse import SseResponse
 
 log = logging.getLogger(__name__)
 
@@ -167,40 +167,25 @@ async def _sse(
     client_gone = True  # until proven otherwise: a cancelled generator means the client left
     gm = done.gm
     gm.in_flight.inc()
-    # The chat role chunk goes out with the first batch, and the last batch with [DONE] and the body's
-    # end (a FinalFrame): a socket write costs the gateway more than building a frame, and a request
-    # of a few tokens was six writes (headers, role, each batch, [DONE], the terminator).
-    role = (
-        wire.sse(
-            wire.chunk(endpoint, oid, created, model, role="assistant", text="", include_usage_field=include_usage)
-        )
-        if endpoint == "chat"
-        else b""
-    )
     try:
+        if endpoint == "chat":
+            yield wire.sse(
+                wire.chunk(endpoint, oid, created, model, role="assistant", text="", include_usage_field=include_usage)
+            )
         content = wire.ContentChunkEncoder(endpoint, oid, created, model, include_usage)
         async for batch in opened.batches():
-            frames = _frames(batch, content, endpoint, oid, created, model, include_usage)
-            if role:
-                frames.insert(0, role)
-                role = b""
-            if isinstance(batch[-1], StreamEnd):  # the answer's end: nothing follows it
-                last_at = time.time()
-                client_gone = False
-                yield FinalFrame(b"".join((*frames, wire.SSE_DONE)))
-            else:
-                yield b"".join(frames)
-        if last_at is None:  # batches() ends with its StreamEnd or raises; this guards the invariant
-            last_at = time.time()
-            client_gone = False
-            yield FinalFrame(role + wire.SSE_DONE)
+            yield b"".join(_frames(batch, content, endpoint, oid, created, model, include_usage))
+        last_at = time.time()
+        yield wire.SSE_DONE
+        client_gone = False
     except LLMLabError as err:
         # Headers are sent: report in-band as OpenAI does, then end the stream.
         status, code = str(err.status), code_label(err)
         log.warning("stream ended with error: %s", err.message)
         service.record_failure(ctx.request_id, err, ctx.created_at, ctx.body.model, ctx.principal)
+        yield wire.sse(err.to_openai())
+        yield wire.SSE_DONE
         client_gone = False
-        yield FinalFrame(role + wire.sse(err.to_openai()) + wire.SSE_DONE)
     finally:
         gm.in_flight.dec()
         if client_gone:

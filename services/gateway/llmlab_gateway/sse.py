@@ -53,16 +53,7 @@ class RawSendApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-class FinalFrame(bytes):
-    """The stream's last body chunk (its end and ``[DONE]``): :class:`SseResponse` sends it with the
-    chunked body's terminator, one socket write instead of two."""
-
-
 class SseResponse(Response):
-    """Each frame the iterator yields is one body send (one socket write); a :class:`FinalFrame`
-    ends the body. The iterator still runs to its end after it (the code after its last ``yield``),
-    but nothing more is sent."""
-
     media_type = "text/event-stream"
 
     def __init__(self, frames: AsyncIterator[bytes], headers: Mapping[str, str] | None = None) -> None:
@@ -90,14 +81,9 @@ class SseResponse(Response):
 
         watcher = asyncio.create_task(watch())
         try:
-            ended = False
             async for chunk in self.frames:
-                if ended:
-                    continue  # nothing may follow the body's end
-                ended = isinstance(chunk, FinalFrame)
-                await raw({"type": "http.response.body", "body": chunk, "more_body": not ended})
-            if not ended:
-                await raw({"type": "http.response.body", "body": b"", "more_body": False})
+                await raw({"type": "http.response.body", "body": chunk, "more_body": True})
+            await raw({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not gone:
                 raise
