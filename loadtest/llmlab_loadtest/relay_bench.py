@@ -9,7 +9,8 @@ One engine simulator (vLLM flavour, TTFT 100 ms, ITL 50 ms, 256 output tokens) s
 the stack's worker points at it, and the "direct" runs hit it directly. For each concurrency level
 a warm-up run per mode comes first (reported apart), then measured runs interleave direct, stack,
 direct, stack ... The load client is :mod:`llmlab_loadtest.sse_client` in its own process. While a run
-goes, psutil samples CPU seconds and RSS of the simulator, worker, gateway, nats-server and client.
+goes, psutil samples CPU seconds and RSS of the simulator, worker, gateway, nats-server and client
+(and, in the full stack, budget, router, accounting and redis-server).
 
 Writes ``results/relay/<UTC ts>/result.{json,md,png}`` and ``results/relay/latest/result.json``. The targets
 (added TTFT p50 <= 5 ms and p99 <= 25 ms, >= 95 % of direct tokens/s at 1,000 streams) are
@@ -454,13 +455,20 @@ def other_load(ours: Sequence[psutil.Process], seconds: float) -> float:
     return max(0.0, (b1 - b0) - (c1 - c0)) / max(1e-6, time.monotonic() - t0)
 
 
-def find_nats_server(nats_url: str) -> psutil.Process | None:
-    """The nats-server process that listens on ``nats_url``'s port (several may run on a shared box)."""
-    port = int(nats_url.rsplit(":", 1)[-1].split("/")[0]) if ":" in nats_url.split("//", 1)[-1] else 4222
+def url_port(server_url: str, default_port: int) -> int:
+    """The port of ``nats://host:4222``, ``redis://host:6379/0`` (``default_port`` when it names none)."""
+    hostport = server_url.split("//", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    return int(hostport.rsplit(":", 1)[-1]) if ":" in hostport else default_port
+
+
+def find_server(program: str, server_url: str, default_port: int) -> psutil.Process | None:
+    """The ``program`` process (nats-server, redis-server) that listens on ``server_url``'s port
+    (several may run on a shared box)."""
+    port = url_port(server_url, default_port)
     candidates = []
     for p in psutil.process_iter(["name", "cmdline"]):
-        if "nats-server" not in (p.info.get("name") or "") and not any(
-            "nats-server" in part for part in (p.info.get("cmdline") or [])[:1]
+        if program not in (p.info.get("name") or "") and not any(
+            program in part for part in (p.info.get("cmdline") or [])[:1]
         ):
             continue
         candidates.append(p)
@@ -473,6 +481,10 @@ def find_nats_server(nats_url: str) -> psutil.Process | None:
         if f"-p {port}" in cmd or f"--port {port}" in cmd or f":{port}" in cmd:
             return p
     return candidates[0] if len(candidates) == 1 else None
+
+
+def find_nats_server(nats_url: str) -> psutil.Process | None:
+    return find_server("nats-server", nats_url, 4222)
 
 
 class Monitor:
@@ -806,6 +818,12 @@ class Bench:
             log.warning("nats-server process not found (remote or not visible): its CPU is not measured")
         else:
             self.services["nats-server"] = nats
+        if c.stack == "full":  # the budget's store: its Lua scripts' CPU is the reservations' too
+            redis = find_server("redis-server", self.stack.redis_url, 6379)
+            if redis is None:
+                log.warning("redis-server process not found (remote or not visible): its CPU is not measured")
+            else:
+                self.services["redis"] = redis
         log.info(
             "stack up: sim %s, worker %s, gateway %s, nats-server pid %s",
             url(self.sim),

@@ -461,3 +461,25 @@ def test_render_rewrites_a_saved_run_whose_cpu_field_names_the_isa(tmp_path: Pat
     saved.write_text(json.dumps(doc))
     paths = rb.rerender(saved)
     assert paths["png"].stat().st_size > 10_000 and "## What limits it" in paths["md"].read_text()
+
+
+@pytest.mark.unit
+def test_a_servers_port_comes_from_its_url() -> None:
+    assert rb.url_port("nats://127.0.0.1:4222", 4222) == 4222
+    assert rb.url_port("redis://127.0.0.1:6380/0", 6379) == 6380
+    assert rb.url_port("redis://user:secret@10.0.0.5:6390/2", 6379) == 6390  # credentials are not the port
+    assert rb.url_port("redis://localhost/0", 6379) == 6379
+    assert rb.url_port("nats://nats.internal", 4222) == 4222
+
+
+@pytest.mark.integration
+def test_the_bench_finds_the_nats_and_redis_servers_it_samples() -> None:
+    """The servers this machine runs for the tests (NATS on 4222, Redis on 6379): their CPU is sampled
+    beside the services' (Redis's Lua scripts are the reservations' work too)."""
+    import os
+
+    nats = rb.find_server("nats-server", os.environ.get("LLMLAB_NATS_URL", "nats://127.0.0.1:4222"), 4222)
+    redis = rb.find_server("redis-server", os.environ.get("LLMLAB_REDIS_URL", "redis://127.0.0.1:6379/0"), 6379)
+    assert nats is not None and "nats-server" in " ".join([nats.name(), *nats.cmdline()[:1]])
+    assert redis is not None and "redis-server" in " ".join([redis.name(), *redis.cmdline()[:1]])
+    assert rb.find_server("no-such-server-program", "redis://127.0.0.1:6379/0", 6379) is None
