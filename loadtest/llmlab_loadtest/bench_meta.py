@@ -69,6 +69,13 @@ def cpu_model(cpuinfo: str | None = None) -> str:
     )
 
 
+def metadata_cores(meta: dict[str, Any]) -> int | None:
+    """The logical cores a result's metadata names in its ``cpu`` field (:func:`cpu_model`'s "..., 2 logical
+    cores (2 physical), avx2+..."; before the ISA was added the field ended with the cores)."""
+    m = re.search(r"(\d+) logical cores", str(meta.get("cpu", "")))
+    return int(m.group(1)) if m else None
+
+
 def dist_version(dist: str) -> str:
     try:
         return importlib.metadata.version(dist)

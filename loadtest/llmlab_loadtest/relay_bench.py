@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import platform
-import re
 import shlex
 import shutil
 import signal
@@ -52,7 +51,15 @@ from llmlab_testkit.budget import BudgetAdmin
 from llmlab_testkit.procs import ManagedProcess, Stack, unique_namespace, url
 
 from llmlab_loadtest import promscrape
-from llmlab_loadtest.bench_meta import cpu_model, dirty_files, dist_version, git, require_committed, write_outputs
+from llmlab_loadtest.bench_meta import (
+    cpu_model,
+    dirty_files,
+    dist_version,
+    git,
+    metadata_cores,
+    require_committed,
+    write_outputs,
+)
 from llmlab_loadtest.profiles import py_spy
 from llmlab_loadtest.profiles import summary as profile_summary
 from llmlab_loadtest.sse_client import percentile, raise_nofile_limit
@@ -132,13 +139,6 @@ class BenchConfig:
     def name(self) -> str:
         """results/<name>/<UTC ts>/"""
         return WORKLOAD_NAMES[self.workload]
-
-
-def metadata_cores(meta: dict[str, Any]) -> int | None:
-    """The logical cores the metadata's ``cpu`` field names ("..., 2 logical cores (2 physical), avx2+...";
-    before the ISA was added it ended with the cores)."""
-    m = re.search(r"(\d+) logical cores", str(meta.get("cpu", "")))
-    return int(m.group(1)) if m else None
 
 
 def rerender(path: Path) -> dict[str, Path]:
@@ -1844,7 +1844,7 @@ def _timeline(ax: Any, run: dict[str, Any], cores: int) -> None:
     names = [n for n in first if n in run["processes"]] + sorted(set(run["processes"]) - set(first))
     series = []
     for n in names:
-        v = list((run["processes"].get(n) or {}).get("samples") or [])
+        v = list(run["processes"][n].get("samples") or [])
         series.append((v + [0.0] * len(times))[: len(times)])  # the client's end early: zeros after
     ax.stackplot(times, *series, labels=list(names), step="pre")
     ax.axhline(cores, color="red", linestyle="--", linewidth=1)
@@ -1867,6 +1867,8 @@ def render_plot(doc: dict[str, Any], path: Path) -> None:
     labels = [str(c["level"]) for c in comps]
     xs = list(range(len(comps)))
     w = 0.38
+    # The run's own machine (a re-render elsewhere draws the cores the run had)
+    cores = metadata_cores(doc["metadata"]) or (psutil.cpu_count() or 2)
     shown = timeline_runs(doc)
     rows = 3 if shown else 2
     fig, grid = plt.subplots(rows, 2, figsize=(12, 4.25 * rows))
@@ -1911,7 +1913,6 @@ def render_plot(doc: dict[str, Any], path: Path) -> None:
         vals = [((c["cpu_cores_mean"][mode].get(n) or {}).get("mean") or 0.0) for c in comps for mode in MODES]
         ax.bar(pos, vals, w * 0.95, bottom=bottoms, label=n)
         bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
-    cores = psutil.cpu_count() or 2
     ax.axhline(cores, color="red", linestyle="--", linewidth=1, label=f"{cores} cores")
     ax.set_xticks(pos, [f"{c['level']}\n{mode}" for c in comps for mode in MODES], fontsize=7)
     ax.set_ylabel("mean cores")
