@@ -134,6 +134,22 @@ def require_committed(allow_dirty: bool) -> list[str]:
     return dirty
 
 
+# Settings whose values a result must not carry (passwords, keys, tokens); a URL's credentials too.
+_SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN$|_KEY$|_KEYS$|CREDENTIAL", re.IGNORECASE)
+_URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def service_settings(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The ``LLMLAB_*`` variables of the benchmark's environment: every process it starts inherits
+    them, so a run made with a setting changed (``LLMLAB_WORKER_PUBLISH_BATCH_MS=5 make bench``)
+    says so. Secrets are replaced by ``<redacted>``, a URL's credentials dropped."""
+    env = os.environ if environ is None else environ
+    out: dict[str, str] = {}
+    for key in sorted(k for k in env if k.startswith("LLMLAB_")):
+        out[key] = "<redacted>" if _SECRET_NAME.search(key) else _URL_USERINFO.sub("<redacted>@", env[key])
+    return out
+
+
 def metadata_block(
     *,
     started: dt.datetime,
@@ -177,6 +193,7 @@ def metadata_block(
         "simulated": simulated,
         "python": platform.python_version(),
         "command_line": command,
+        "settings_from_environment": service_settings(),
     }
     if simulated:
         out["simulated_note"] = SIMULATED_NOTE

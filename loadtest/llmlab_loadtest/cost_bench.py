@@ -4,6 +4,7 @@ per-core targets.
     python -m llmlab_loadtest.cost_bench                       # this tree, 2 repeats (~3 min)
     python -m llmlab_loadtest.cost_bench --baseline 7d4fbba    # A/B: that commit and this tree, interleaved
     python -m llmlab_loadtest.cost_bench --router-ab           # A/B on this tree: router service vs shared
+    python -m llmlab_loadtest.cost_bench --env-ab LLMLAB_WORKER_PUBLISH_BATCH_MS=5   # A/B of a setting
 
 The full default stack (gateway with budget auth and the router service, budget, router,
 accounting, one worker) runs on the engine simulator at a GPU's pace (TTFT 50 ms, ITL 20 ms: one
@@ -21,7 +22,9 @@ With ``--baseline REV`` a second stack runs the code of REV (a git worktree put 
 services' PYTHONPATH) and the measurements interleave, the first of each pair alternating by
 repeat: base, this, then this, base. ``--router-ab`` measures this tree twice the same way: the
 gateway asking the router service (``service``) and deciding itself with shared decisions
-(``shared``, the router service still running and following them). Refused requests
+(``shared``, the router service still running and following them). ``--env-ab KEY=VALUE``
+(repeatable, ``LLMLAB_*`` settings) measures this tree twice: as configured (``default``) and
+with those variables set for every process of the stack (``env``). Refused requests
 (any non-200) are counted apart: a window with any is flagged and its figures miss their targets.
 After the measured windows, one window of each length is profiled with py-spy (GIL-held samples:
 every stack process at 2 tokens, for the per-request cost; gateway and worker at 64) unless
@@ -44,7 +47,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +87,7 @@ class CostConfig:
     itl_ms: float = 20.0
     baseline: str | None = None
     router_ab: bool = False
+    env_ab: dict[str, str] = field(default_factory=dict)  # the "env" variant's settings (--env-ab)
     dirty: bool = False
     profile: bool = True
     idle_s: float = 5.0  # each process's idle CPU is measured this long before the windows
@@ -194,12 +198,13 @@ def targets(fig: dict[str, Any]) -> list[dict[str, Any]]:
 class QuietStack(Stack):
     """The services' logs at WARNING (INFO per request costs CPU); a baseline's code first on the path."""
 
-    def __init__(self, pythonpath: str | None) -> None:
+    def __init__(self, pythonpath: str | None, settings: dict[str, str] | None = None) -> None:
         super().__init__(namespace=unique_namespace())
         self.pythonpath = pythonpath
+        self.settings = settings or {}
 
     def base_env(self) -> dict[str, str]:
-        env = {**super().base_env(), "LLMLAB_LOG_LEVEL": "WARNING"}
+        env = {**super().base_env(), "LLMLAB_LOG_LEVEL": "WARNING", **self.settings}
         if self.pythonpath:
             env["PYTHONPATH"] = self.pythonpath
         return env
@@ -211,11 +216,19 @@ def package_dirs(root: Path) -> list[Path]:
 
 
 class Variant:
-    def __init__(self, name: str, cfg: CostConfig, code: Path | None, router: str = "service") -> None:
+    def __init__(
+        self,
+        name: str,
+        cfg: CostConfig,
+        code: Path | None,
+        router: str = "service",
+        settings: dict[str, str] | None = None,
+    ) -> None:
         self.name, self.cfg, self.code, self.router = name, cfg, code, router
+        self.settings = dict(settings or {})  # LLMLAB_* variables set for every process of its stack
         self.commit = git("-C", str(code), "rev-parse", "HEAD") if code else git("rev-parse", "HEAD")
         pythonpath = ":".join(str(d) for d in package_dirs(code)) if code else None
-        self.stack = QuietStack(pythonpath)
+        self.stack = QuietStack(pythonpath, self.settings)
         self.procs: dict[str, ManagedProcess] = {}
         self.api_key = ""
         self.idle: dict[str, float] = {}  # CPU s per s of each stack process with nothing to do
@@ -360,6 +373,8 @@ def run(cfg: CostConfig, argv: Sequence[str]) -> dict[str, Path]:
             variants.append(Variant("base", cfg, worktree))
         if cfg.router_ab:
             variants += [Variant("service", cfg, None), Variant("shared", cfg, None, router="shared")]
+        elif cfg.env_ab:
+            variants += [Variant("default", cfg, None), Variant("env", cfg, None, settings=cfg.env_ab)]
         else:
             variants.append(Variant("this", cfg, None))
         for v in variants:
@@ -411,6 +426,7 @@ def run(cfg: CostConfig, argv: Sequence[str]) -> dict[str, Path]:
             dirty_files=dirty,
             variants={v.name: v.commit for v in variants},
             routers={v.name: v.router for v in variants},
+            settings={v.name: v.settings for v in variants},
             cores=psutil.cpu_count(),
         ),
         "figures": figures,
@@ -426,6 +442,22 @@ def run(cfg: CostConfig, argv: Sequence[str]) -> dict[str, Path]:
     return paths
 
 
+def _settings_note(meta: dict[str, Any], name: str) -> str:
+    """The note " with KEY=VALUE, ..." of a variant run with settings of its own (--env-ab); results of
+    older runs have no such field."""
+    settings = (meta.get("settings") or {}).get(name) or {}
+    return " with " + ", ".join(f"`{k}={v}`" for k, v in settings.items()) if settings else ""
+
+
+def parse_setting(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` of ``--env-ab``: a setting of the services (``LLMLAB_*``), never anything else
+    the processes would read (PATH, PYTHONPATH: the variants must run the same code)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.startswith("LLMLAB_") or not key[7:] or not all(c.isalnum() or c == "_" for c in key):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LLMLAB_<NAME>=<value>")
+    return key, value
+
+
 def _f(x: Any, nd: int = 2) -> str:
     return "-" if x is None else f"{x:,.{nd}f}"
 
@@ -439,7 +471,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"{meta['concurrency']} closed-loop streams through the full default stack on the engine simulator "
         f"(TTFT {meta['simulator']['ttft_ms']:g} ms, ITL {meta['simulator']['itl_ms']:g} ms), "
         f"{meta['repeats']} repeats of a {meta['window_s']:g} s window per length and variant, interleaved. "
-        "Variants: " + ", ".join(f"**{n}** `{c[:10]}`" for n, c in meta["variants"].items()) + ". "
+        "Variants: "
+        + ", ".join(f"**{n}** `{c[:10]}`{_settings_note(meta, n)}" for n, c in meta["variants"].items())
+        + ". "
         f"Tree {'dirty (' + str(len(meta['dirty_files'])) + ' files)' if meta['git_dirty'] else 'committed'}.",
         "",
         "## Targets",
@@ -573,17 +607,25 @@ def parse_args(argv: Sequence[str] | None) -> CostConfig:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--baseline", help="a git revision measured beside this tree, interleaved")
     p.add_argument("--router-ab", action="store_true", help="this tree twice: router service vs shared mode")
+    p.add_argument(
+        "--env-ab",
+        type=parse_setting,
+        action="append",
+        default=[],
+        metavar="LLMLAB_KEY=VALUE",
+        help="this tree twice: as configured and with this setting for every process (repeatable)",
+    )
     p.add_argument("--dirty", action="store_true", help="measure a modified tree (the result says so)")
     p.add_argument("--no-profile", action="store_true", help="skip the py-spy windows")
     p.add_argument("--out-dir", type=Path, default=Path("results"))
     a = p.parse_args(argv)
     if a.streams < 1 or a.repeats < 1 or a.window_s < 1:
         p.error("--streams, --repeats >= 1 and --window-s >= 1")
-    if a.baseline and a.router_ab:
-        p.error("--baseline and --router-ab are two different A/B runs: one at a time")
+    if sum(map(bool, (a.baseline, a.router_ab, a.env_ab))) > 1:
+        p.error("--baseline, --router-ab and --env-ab are different A/B runs: one at a time")
     # 2 lengths x variants x repeats windows (+ 2 profiled), each warm-up + window + drain: stay under 15 min.
     per_window = a.window_s + 4.0 + 8.0
-    windows = 2 * (2 if a.baseline or a.router_ab else 1) * a.repeats + (0 if a.no_profile else 2)
+    windows = 2 * (2 if a.baseline or a.router_ab or a.env_ab else 1) * a.repeats + (0 if a.no_profile else 2)
     if windows * per_window > 13 * 60:
         p.error(f"{windows} windows of about {per_window:.0f} s pass 13 minutes: fewer --repeats or a shorter window")
     return CostConfig(
@@ -592,6 +634,7 @@ def parse_args(argv: Sequence[str] | None) -> CostConfig:
         repeats=a.repeats,
         baseline=a.baseline,
         router_ab=a.router_ab,
+        env_ab=dict(a.env_ab),
         dirty=a.dirty,
         profile=not a.no_profile,
         out_dir=a.out_dir,

@@ -145,6 +145,52 @@ def test_the_invocation_stays_under_fifteen_minutes() -> None:
         cb.parse_args(["--repeats", "8", "--baseline", "HEAD~1"])  # 34 windows of ~27 s
 
 
+def test_env_ab_runs_this_tree_twice_with_the_setting_in_one_variant_only() -> None:
+    cfg = cb.parse_args(["--env-ab", "LLMLAB_WORKER_PUBLISH_BATCH_MS=5", "--env-ab", "LLMLAB_WORKER_COALESCE_MS=0"])
+    assert cfg.env_ab == {"LLMLAB_WORKER_PUBLISH_BATCH_MS": "5", "LLMLAB_WORKER_COALESCE_MS": "0"}
+    assert cb.parse_args([]).env_ab == {}
+    # Two variants double the windows, each about 27 s: 7 repeats are 2 x 2 x 7 + 2 profiled = 30
+    # windows (13.5 min, over the 13-minute bound); 7 repeats of one variant are 16 (7.2 min).
+    with pytest.raises(SystemExit):
+        cb.parse_args(["--repeats", "7", "--env-ab", "LLMLAB_WORKER_PUBLISH_BATCH_MS=5"])
+    assert cb.parse_args(["--repeats", "7"]).repeats == 7
+    for bad in ("PATH=/tmp", "PYTHONPATH=/tmp/old", "LLMLAB_X", "LLMLAB_=1", "LLMLAB_A-B=1"):
+        with pytest.raises(SystemExit):
+            cb.parse_args(["--env-ab", bad])
+    with pytest.raises(SystemExit):
+        cb.parse_args(["--env-ab", "LLMLAB_WORKER_PUBLISH_BATCH_MS=5", "--router-ab"])
+    # Only the variant that names the setting passes it to its processes.
+    plain, tuned = cb.QuietStack(None), cb.QuietStack(None, {"LLMLAB_WORKER_PUBLISH_BATCH_MS": "5"})
+    assert "LLMLAB_WORKER_PUBLISH_BATCH_MS" not in plain.base_env()
+    assert tuned.base_env()["LLMLAB_WORKER_PUBLISH_BATCH_MS"] == "5"
+    meta = {"settings": {"default": {}, "env": {"LLMLAB_WORKER_PUBLISH_BATCH_MS": "5"}}}
+    assert cb._settings_note(meta, "default") == ""
+    assert cb._settings_note(meta, "env") == " with `LLMLAB_WORKER_PUBLISH_BATCH_MS=5`"
+    assert cb._settings_note({}, "this") == ""  # a result written before the field
+
+
+def test_the_metadata_names_the_settings_the_run_inherited_without_their_secrets() -> None:
+    env = {
+        "LLMLAB_WORKER_PUBLISH_BATCH_MS": "5",
+        "LLMLAB_NATS_URL": "nats://gateway:s3cret@10.0.0.1:4222",
+        "LLMLAB_NATS_PASSWORD": "s3cret",
+        "LLMLAB_BUDGET_ADMIN_TOKEN": "t0k",
+        "LLMLAB_GATEWAY_API_KEY": "sk-abc",
+        "LLMLAB_WORKER_MAX_TOKENS_CAP": "64",
+        "PATH": "/usr/bin",
+    }
+    got = bench_meta.service_settings(env)
+    assert got == {
+        "LLMLAB_BUDGET_ADMIN_TOKEN": "<redacted>",
+        "LLMLAB_GATEWAY_API_KEY": "<redacted>",
+        "LLMLAB_NATS_PASSWORD": "<redacted>",
+        "LLMLAB_NATS_URL": "nats://<redacted>@10.0.0.1:4222",
+        "LLMLAB_WORKER_MAX_TOKENS_CAP": "64",
+        "LLMLAB_WORKER_PUBLISH_BATCH_MS": "5",
+    }
+    assert "s3cret" not in str(got) and "sk-abc" not in str(got)
+
+
 def test_each_repeat_has_its_own_slope() -> None:
     # Repeat 1: gateway (5 - 1) ms, worker (4.2 - 0.8) ms over 62 tokens: 64.5 + 54.8 = 119.3 us.
     # Repeat 2: gateway (3 - 1) ms, worker (2 - 0.8) ms: 32.3 + 19.4 = 51.6 us. The mean of the
