@@ -22,6 +22,7 @@ from llmlab_budget.directory import Directory
 from llmlab_budget.layout import Layout
 from llmlab_budget.ledger import Ledger
 from llmlab_budget.metrics import BudgetMetrics
+from llmlab_budget.redis_pack import pack_in_c
 from llmlab_budget.service import BudgetService
 from llmlab_budget.settings import BudgetSettings
 from llmlab_budget.transport import BudgetTransport
@@ -38,7 +39,7 @@ def open_redis(url: str, pool_size: int, socket_timeout_s: float) -> Redis:
         socket_timeout=socket_timeout_s,
         socket_connect_timeout=socket_timeout_s,
     )
-    return Redis(connection_pool=pool)
+    return Redis(connection_pool=pack_in_c(pool))
 
 
 def create_app(settings: BudgetSettings) -> FastAPI:

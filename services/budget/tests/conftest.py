@@ -6,13 +6,15 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+from llmlab_budget.app import open_redis
 from llmlab_budget.layout import Layout
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 
 
 @pytest.fixture
 async def redis_layout() -> AsyncIterator[tuple[Redis, Layout]]:
-    redis = Redis(connection_pool=BlockingConnectionPool.from_url("redis://127.0.0.1:6379/0", max_connections=32))
+    # The service's own client (commands packed in C, llmlab_budget.redis_pack): every ledger test runs on it.
+    redis = open_redis("redis://127.0.0.1:6379/0", 32, socket_timeout_s=5.0)
     layout = Layout(f"test_{uuid.uuid4().hex[:12]}:bud")
     try:
         yield redis, layout
