@@ -9,7 +9,8 @@ and settle pays it, and the budget's profile under load put 18% of its samples t
 The fast path takes only what packs to the same bytes: a command name without a space (redis-py
 splits "CONFIG GET" into two arguments) and arguments hiredis accepts (it refuses bool, which
 redis-py refuses too, and memoryview / bytearray, which redis-py converts). Anything else goes
-the usual way.
+the usual way. hiredis writes a str as UTF-8, strictly: a pool configured with another encoding
+keeps redis-py's packing.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class PackInC:
 def pack_in_c(pool: BlockingConnectionPool) -> BlockingConnectionPool:
     """The pool's connections (of whatever class its URL chose: TCP, TLS, Unix socket) pack in C."""
     base = pool.connection_class
-    if not issubclass(base, PackInC):
+    kw = pool.connection_kwargs
+    utf8 = kw.get("encoding", "utf-8").lower().replace("_", "-") in ("utf-8", "utf8")
+    if utf8 and kw.get("encoding_errors", "strict") == "strict" and not issubclass(base, PackInC):
         pool.connection_class = type(f"PackInC{base.__name__}", (PackInC, base), {})
     return pool

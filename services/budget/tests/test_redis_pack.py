@@ -75,6 +75,17 @@ def test_the_url_keeps_its_connection_class() -> None:
         assert pack_in_c(BlockingConnectionPool(connection_class=cls)).connection_class is cls  # not wrapped twice
 
 
+@pytest.mark.unit
+def test_a_pool_with_another_encoding_keeps_redis_pys_packing() -> None:
+    assert not issubclass(pack_in_c(BlockingConnectionPool(encoding="latin-1")).connection_class, PackInC)
+    assert not issubclass(pack_in_c(BlockingConnectionPool(encoding_errors="replace")).connection_class, PackInC)
+    assert issubclass(pack_in_c(BlockingConnectionPool(encoding="UTF8")).connection_class, PackInC)
+    # both refuse a lone surrogate the same way
+    for conn in (PLAIN, FAST):
+        with pytest.raises(UnicodeEncodeError):
+            conn.pack_command("SET", "k", "\ud800")
+
+
 @pytest.mark.integration
 async def test_the_service_client_talks_to_redis() -> None:
     redis = open_redis("redis://127.0.0.1:6379/0", 2, socket_timeout_s=5.0)
