@@ -65,6 +65,7 @@ from llmlab_budget.directory import Directory
 from llmlab_budget.layout import Layout
 from llmlab_budget.ledger import Ledger
 from llmlab_budget.model import Identity
+from llmlab_budget.redis_pack import pack_in_c
 from llmlab_budget.windows import Windows
 from llmlab_common.catalog import SCOPES, LimitSet, PlanBudget, ScopeName, load_catalog
 from llmlab_common.messages import AttemptEvent, ReserveReply, ReserveRequest, Usage
@@ -335,7 +336,8 @@ class _RedisLoad:
 
         self.spec = spec
         pool = BlockingConnectionPool.from_url(spec.redis_url, max_connections=spec.redis_pool, timeout=10)
-        self.redis = Redis(connection_pool=pool)
+        # Packed in C as the service's own client packs them (llmlab_budget.app.open_redis).
+        self.redis = Redis(connection_pool=pack_in_c(pool))
         self.ledger = Ledger(self.redis, Layout(spec.prefix), settled_ttl_s=3600)
         self.identity = Identity(**spec.identity)
         self.limits: dict[ScopeName, LimitSet] = {s: LimitSet.model_validate(BIG_LIMITS) for s in SCOPES}
