@@ -126,7 +126,13 @@ def test_a_ci_sized_ladder_writes_its_steps_and_a_report_that_matches_them(tmp_p
         # Both watched in every step; a step's few seconds at one stream can round to 0 (CPU times
         # tick by 10 ms: CI of 78aaefc saw it), so the CPU itself is checked over the whole run.
         assert s["window"]["cpu_cores"]["client"] >= 0 and s["window"]["cpu_cores"]["gateway"] >= 0
-        assert s["figures"]["answers"].get("200 ok", 0) > 0 and s["figures"]["server_errors_5xx"] == 0
+        # The hold's answers are its records'; every step is answered and none with a 5xx. At one stream a
+        # chat answer (up to 512 tokens) begun in the 1 s warm-up can outlast the 3 s hold, leaving the hold
+        # no request of its own (CI of 560418a), so a 200 is required of the step and of the run's holds.
+        assert sum(s["figures"]["answers"].values()) == s["figures"]["requests"]
+        assert any(r["ok"] and int(r["s"]) == 200 for r in records), s["step"]
+        assert not any(int(r["s"]) >= 500 for r in records) and s["figures"]["server_errors_5xx"] == 0
+    assert sum(s["figures"]["answers"].get("200 ok", 0) for s in steps) > 0, seen
     for proc in ("client", "gateway"):
         assert sum(s["window"]["cpu_cores"][proc] for s in steps) > 0, proc
     out = tmp_path / "report"
