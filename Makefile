@@ -38,8 +38,8 @@ infra: ## make sure NATS (JetStream) and Redis run on localhost (starts them if 
 prom-tools: ## make sure prometheus, promtool, prometheus-alertmanager and amtool are installed (the rule and alerting tests run them)
 	bash scripts/ensure-prometheus.sh
 
-test: install infra prom-tools install-vllm ## run every tier that runs here: unit, integration, e2e, vllm_cpu
-	$(PY) -m pytest -m "$(TEST_MARKERS)" --durations=25 $(PYTEST_ARGS)
+test: install infra prom-tools install-vllm ## run every tier that runs here: vllm_cpu beside unit + integration, then e2e alone (scripts/test-tiers.sh)
+	TEST_MARKERS="$(TEST_MARKERS)" PY=$(PY) bash scripts/test-tiers.sh --durations=25 $(PYTEST_ARGS)
 
 fuzz: install ## fuzz the gateway, budget admin and accounting APIs from their OpenAPI documents (schemathesis): FUZZ_EXAMPLES cases per operation -> results/fuzz/
 	LLMLAB_FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),100) LLMLAB_FUZZ_OUT=results $(PY) -m pytest -q -s --timeout 1500 tests/e2e/test_fuzz.py
