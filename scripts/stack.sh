@@ -27,49 +27,70 @@ log() { echo "[stack] $*" >&2; }
 
 alive() { [[ -f "$RUN/$1.pid" ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
 
-start() {  # name ready_url env... -- cmd...
-  local name=$1 ready=$2; shift 2
+launch() {  # name env... -- cmd...: start it in the background unless it runs already
+  local name=$1; shift
   local envs=()
   while [[ $1 != "--" ]]; do envs+=("$1"); shift; done; shift
   if alive "$name"; then log "$name already running (pid $(cat "$RUN/$name.pid"))"; return; fi
   env "${envs[@]}" nohup "$@" >"$RUN/logs/$name.log" 2>&1 &
   echo $! >"$RUN/$name.pid"
-  for _ in $(seq 1 150); do
+}
+
+await_ready() {  # name ready_url [seconds]
+  local name=$1 ready=$2 tries=$(( ${3:-30} * 5 ))
+  for _ in $(seq 1 "$tries"); do
     if curl -fsS "$ready" >/dev/null 2>&1; then log "$name ready ($ready)"; return; fi
     if ! alive "$name"; then log "$name exited; last log lines:"; tail -20 "$RUN/logs/$name.log" >&2; exit 1; fi
     sleep 0.2
   done
-  log "$name not ready after 30 s; see $RUN/logs/$name.log"; exit 1
+  log "$name not ready after ${3:-30} s; see $RUN/logs/$name.log"; exit 1
 }
 
+start() {  # name ready_url env... -- cmd...
+  local name=$1 ready=$2; shift 2
+  launch "$name" "$@"
+  await_ready "$name" "$ready"
+}
+
+# The services start together (each spends seconds importing, mostly on one core) and are awaited
+# after: the workers once their engines answer, the budget before its demo keys are written.
 up() {
   bash scripts/ensure-infra.sh
-  start sim-vllm "http://127.0.0.1:$SIM_VLLM_PORT/health" LLMLAB_LOG_LEVEL=WARNING -- \
+  launch sim-vllm LLMLAB_LOG_LEVEL=WARNING -- \
     $PY -m llmlab_engine_sim --flavor vllm --port "$SIM_VLLM_PORT" --model meta-llama/Llama-3.1-8B-Instruct \
     --ttft-ms "$SIM_TTFT_MS" --itl-ms "$SIM_ITL_MS" --max-num-seqs 512 --output-len 128
-  start sim-sglang "http://127.0.0.1:$SIM_SGLANG_PORT/health" LLMLAB_LOG_LEVEL=WARNING -- \
+  launch sim-sglang LLMLAB_LOG_LEVEL=WARNING -- \
     $PY -m llmlab_engine_sim --flavor sglang --port "$SIM_SGLANG_PORT" --model Qwen/Qwen3-32B \
     --ttft-ms "$SIM_TTFT_MS" --itl-ms "$SIM_ITL_MS" --max-num-seqs 512 --output-len 128
-  start worker-vllm "http://127.0.0.1:$WORKER_VLLM_PORT/ready" LLMLAB_WORKER_PORT="$WORKER_VLLM_PORT" \
+  launch budget LLMLAB_BUDGET_PORT="$BUDGET_PORT" -- $PY -m llmlab_budget
+  # Accounting owns its chdb directory (one process per directory; a second one is refused).
+  launch accounting LLMLAB_ACCOUNTING_PORT="$ACCOUNTING_PORT" \
+    LLMLAB_ACCOUNTING_DATA_DIR="$RUN/accounting/chdb" -- $PY -m llmlab_accounting
+  launch router LLMLAB_ROUTER_PORT="$ROUTER_PORT" \
+    LLMLAB_ROUTER_DECISION_LOG="$RUN/router-decisions.jsonl" -- $PY -m llmlab_router
+  launch gateway LLMLAB_GATEWAY_PORT="$GATEWAY_PORT" \
+    LLMLAB_GATEWAY_AUTH=budget LLMLAB_GATEWAY_ROUTER=service \
+    LLMLAB_GATEWAY_DECISION_LOG="$RUN/gateway-decisions.jsonl" -- $PY -m llmlab_gateway
+  # Everything above starts at once: on 2 cores the last one ready may take longer than one alone.
+  await_ready sim-vllm "http://127.0.0.1:$SIM_VLLM_PORT/health" 60
+  await_ready sim-sglang "http://127.0.0.1:$SIM_SGLANG_PORT/health" 60
+  launch worker-vllm LLMLAB_WORKER_PORT="$WORKER_VLLM_PORT" \
     LLMLAB_WORKER_POOL=gpu-vllm LLMLAB_WORKER_ENGINE_URL="http://127.0.0.1:$SIM_VLLM_PORT" \
     LLMLAB_WORKER_MAX_CONCURRENCY=512 -- $PY -m llmlab_worker_vllm
-  start worker-sglang "http://127.0.0.1:$WORKER_SGLANG_PORT/ready" LLMLAB_WORKER_PORT="$WORKER_SGLANG_PORT" \
+  launch worker-sglang LLMLAB_WORKER_PORT="$WORKER_SGLANG_PORT" \
     LLMLAB_WORKER_POOL=gpu-sglang LLMLAB_WORKER_ENGINE_URL="http://127.0.0.1:$SIM_SGLANG_PORT" \
     LLMLAB_WORKER_MAX_CONCURRENCY=512 -- $PY -m llmlab_worker_sglang
-  start budget "http://127.0.0.1:$BUDGET_PORT/ready" LLMLAB_BUDGET_PORT="$BUDGET_PORT" -- $PY -m llmlab_budget
+  await_ready budget "http://127.0.0.1:$BUDGET_PORT/ready" 60
   # A demo tenant and API key (kept across restarts while it still authenticates).
   $PY -m llmlab_budget.bootstrap --tenant demo --plan enterprise --key-file "$RUN/api-key"
   # ... and one with a 100-token daily budget, to show a refusal before any worker sees it.
   $PY -m llmlab_budget.bootstrap --tenant demo-tiny --plan free --key-file "$RUN/api-key-tiny" \
     --limit daily_tokens=100
-  # Accounting owns its chdb directory (one process per directory; a second one is refused).
-  start accounting "http://127.0.0.1:$ACCOUNTING_PORT/ready" LLMLAB_ACCOUNTING_PORT="$ACCOUNTING_PORT" \
-    LLMLAB_ACCOUNTING_DATA_DIR="$RUN/accounting/chdb" -- $PY -m llmlab_accounting
-  start router "http://127.0.0.1:$ROUTER_PORT/ready" LLMLAB_ROUTER_PORT="$ROUTER_PORT" \
-    LLMLAB_ROUTER_DECISION_LOG="$RUN/router-decisions.jsonl" -- $PY -m llmlab_router
-  start gateway "http://127.0.0.1:$GATEWAY_PORT/ready" LLMLAB_GATEWAY_PORT="$GATEWAY_PORT" \
-    LLMLAB_GATEWAY_AUTH=budget LLMLAB_GATEWAY_ROUTER=service \
-    LLMLAB_GATEWAY_DECISION_LOG="$RUN/gateway-decisions.jsonl" -- $PY -m llmlab_gateway
+  await_ready accounting "http://127.0.0.1:$ACCOUNTING_PORT/ready" 60
+  await_ready router "http://127.0.0.1:$ROUTER_PORT/ready" 60
+  await_ready gateway "http://127.0.0.1:$GATEWAY_PORT/ready" 60
+  await_ready worker-vllm "http://127.0.0.1:$WORKER_VLLM_PORT/ready" 60
+  await_ready worker-sglang "http://127.0.0.1:$WORKER_SGLANG_PORT/ready" 60
   monitoring_up
   log "up: gateway at http://127.0.0.1:$GATEWAY_PORT/v1 (API key in $RUN/api-key), budget admin API at" \
     "http://127.0.0.1:$BUDGET_PORT/admin/v1 (dev admin key sk-admin-dev), namespace $LLMLAB_NAMESPACE"
