@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +56,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         f.write(json.dumps(row) + "\n")
 
 
-def summarize(rows: Iterable[dict[str, Any]], key: Any) -> list[dict[str, Any]]:
+def summarize(rows: Iterable[dict[str, Any]], key: Callable[[dict[str, Any]], str]) -> list[dict[str, Any]]:
     """Rows grouped by ``key(row)``: tests, wall seconds, core-seconds and mean busy cores, the
     longest group first."""
     groups: dict[str, dict[str, Any]] = {}
     for r in rows:
-        g = groups.setdefault(key(r), {"group": key(r), "tests": 0, "wall_s": 0.0, "core_s": 0.0})
+        k = key(r)
+        g = groups.setdefault(k, {"group": k, "tests": 0, "wall_s": 0.0, "core_s": 0.0})
         g["tests"] += 1
         g["wall_s"] += r["wall"]
         g["core_s"] += r["wall"] * r["busy"]
