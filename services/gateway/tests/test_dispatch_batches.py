@@ -180,7 +180,7 @@ async def test_a_long_wait_is_timed_by_the_sweeper_and_a_short_one_by_a_timer() 
         t0 = time.monotonic()
         assert await handle.next(0.3) is None  # 0.3 s >= 10 intervals: the sweeper's
         waited = time.monotonic() - t0
-        assert 0.3 <= waited < 0.3 + 0.2, waited
+        assert 0.3 <= waited < 0.3 + 0.3, waited  # 15 intervals: room for a loaded machine (make test's phase 1)
         # A message that arrives in time is returned, and the deadline is cleared after it.
         asyncio.get_running_loop().call_later(0.05, inf.queue.put_nowait, "tok")
         assert await handle.next(0.3) == "tok"
@@ -195,7 +195,7 @@ async def test_a_long_wait_is_timed_by_the_sweeper_and_a_short_one_by_a_timer() 
         sweeper.cancel()
         t0 = time.monotonic()
         assert await handle.next(0.1) is None
-        assert time.monotonic() - t0 < 0.15
+        assert time.monotonic() - t0 < 0.6  # no timer: it would hang until the test's timeout
     finally:
         sweeper.cancel()
 
