@@ -76,6 +76,7 @@ class BudgetTransport:
             await self.nc.subscribe(self.topo.budget_reserve_subject, queue=group, cb=self._on_reserve),
             await self.nc.subscribe(self.topo.budget_reserve_batch_subject, queue=group, cb=self._on_reserve_batch),
         ]
+        await self.nc.flush(timeout=5)  # the server has the SUBs before the service reports ready
 
     async def stop(self) -> None:
         """Stop taking reserves, finish the ones in flight, then stop settling."""

@@ -31,6 +31,9 @@ class RouteResponder:
             await self.nc.subscribe(self.topo.router_route_subject, queue=group, cb=self._on_route),
             await self.nc.subscribe(self.topo.router_route_batch_subject, queue=group, cb=self._on_route_batch),
         ]
+        # subscribe() only queues the SUBs: a PING/PONG round trip makes sure the server has them
+        # before the router reports ready (a request sent right after got "no responders" in CI).
+        await self.nc.flush(timeout=5)
 
     async def stop(self) -> None:
         subs, self._subs = self._subs, []

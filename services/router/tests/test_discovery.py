@@ -49,3 +49,27 @@ async def test_a_starting_router_leaves_routing_to_the_gateways_until_its_discov
     finally:
         await delete_streams(nc.jetstream(), topo)
         await nc.close()
+
+
+@pytest.mark.unit
+async def test_the_responder_starts_only_once_the_server_has_its_subscriptions() -> None:
+    """Catches: readiness before the SUBs reach the server (nats-py's subscribe() only queues them):
+    a request sent right after the router reported ready got "no responders" (CI of bf28e28)."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from llmlab_router.transport import RouteResponder
+
+    calls: list[str] = []
+
+    class RecordingNats:
+        async def subscribe(self, subject: str, queue: str = "", cb: Any = None) -> object:
+            calls.append(f"sub {subject}")
+            return SimpleNamespace()
+
+        async def flush(self, timeout: float = 0) -> None:
+            calls.append("flush")
+
+    topo = Topology("t")
+    await RouteResponder(cast(Any, RecordingNats()), topo, cast(Any, None), cast(Any, None)).start()
+    assert calls == [f"sub {topo.router_route_subject}", f"sub {topo.router_route_batch_subject}", "flush"]
