@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -180,59 +181,61 @@ PROMETHEUS = f"http://127.0.0.1:{os.environ.get('PROMETHEUS_PORT', '9090')}"
 ADMIN = {"Authorization": "Bearer sk-admin-dev"}  # the documented dev admin key (refused in prod)
 
 
-def cost_report(out: Path, since: float) -> None:
-    """Every request above went through accounting into ClickHouse (chdb): attribute the demo's
-    GPU time now (the attribution loop would reach it only a period plus its lag after the run),
-    then run the SQL reports."""
-    base, auth = ACCOUNTING, ADMIN
+def wait_for_attempts() -> int | None:
+    """Until every answered request is in ClickHouse (a flush is 1 s, an insert on a busy machine
+    longer) and the count then holds still (a duplicate would show as more); a short count is
+    returned as is. None: the accounting service is not reachable."""
     sql = {"sql": "SELECT count() FROM attempts"}
     last, stable = -1, 0
     deadline = time.monotonic() + 90
-    # Until every answered request is in (a flush is 1 s, an insert on a busy machine longer) and
-    # the count then holds still (a duplicate would show as more); a short count is printed as is.
     while time.monotonic() < deadline:
         try:
-            n = httpx.post(base + "/admin/v1/query", json=sql, headers=auth, timeout=5).json()["rows"][0][0]
+            n = httpx.post(ACCOUNTING + "/admin/v1/query", json=sql, headers=ADMIN, timeout=5).json()["rows"][0][0]
         except (httpx.HTTPError, KeyError, IndexError, ValueError):
-            say(f"\n== 5. cost report: accounting service not reachable at {base}; skipped")
-            return
+            return None
         stable = stable + 1 if n == last else 0
         last = n
         if n >= ANSWERED and stable >= 3:
             break
         time.sleep(0.5)
-    r = httpx.post(base + "/admin/v1/attribute", json={"start": since}, headers=auth, timeout=120)
+    return last
+
+
+def cost_report(out: Path, since: float, attempts: int) -> list[str]:
+    """Every request above went through accounting into ClickHouse (chdb): attribute the demo's
+    GPU time now (the attribution loop would reach it only a period plus its lag after the run),
+    then run the SQL reports. Returns the lines to print."""
+    r = httpx.post(ACCOUNTING + "/admin/v1/attribute", json={"start": since}, headers=ADMIN, timeout=120)
     r.raise_for_status()
     a = r.json()
-    say(
-        f"\n== 5. cost report: {last} attempts in ClickHouse (chdb) for {ANSWERED} answered requests; "
+    lines = [
+        f"\n== 5. cost report: {attempts} attempts in ClickHouse (chdb) for {ANSWERED} answered requests; "
         f"GPU time attributed for the demo's "
         f"{a['periods']} period(s): ${a['gpu_cost_usd']:.4f} of GPU time (simulated GPUs at catalog prices) "
         f"-> {out}/ (make report runs the same)"
-    )
+    ]
     # Its progress lines (one per report) would bury the table below: shown only if it fails.
     r = subprocess.run(
-        [sys.executable, "-m", "llmlab_accounting.report", "--url", base, "--out", str(out)],
+        [sys.executable, "-m", "llmlab_accounting.report", "--url", ACCOUNTING, "--out", str(out)],
         timeout=300,
         capture_output=True,
         text=True,
         check=False,
     )
     if r.returncode != 0:
-        say(f"  report failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
-        return
+        return [*lines, f"  report failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}"]
     table = out / "cost_by_model_day.md"
     if table.exists():
-        say(table.read_text().strip())
+        lines.append(table.read_text().strip())
+    return lines
 
 
-def dashboards(since: float, out: Path) -> None:
+def dashboards(since: float, out: Path) -> list[str]:
     """The Grafana dashboards' panels over the demo, rendered from Prometheus (no Grafana here)."""
     try:
         httpx.get(PROMETHEUS + "/-/ready", timeout=2).raise_for_status()
     except httpx.HTTPError:
-        say(f"\n== 6. dashboards: no Prometheus at {PROMETHEUS} (see `make up`'s output); snapshot skipped")
-        return
+        return [f"\n== 6. dashboards: no Prometheus at {PROMETHEUS} (see `make up`'s output); snapshot skipped"]
     time.sleep(6)  # one more scrape and rule evaluation after the last request
     end = time.time()
     r = subprocess.run(
@@ -256,14 +259,12 @@ def dashboards(since: float, out: Path) -> None:
         check=False,
     )
     if r.returncode != 0:
-        say(f"\n== 6. dashboards: snapshot failed: {r.stderr.strip()[-500:]}")
-        return
-    say(f"\n== 6. dashboards (every panel's query over the demo, from Prometheus at {PROMETHEUS}): {out}/")
-    for png in sorted(out.glob("*.png")):
-        say(f"  {png}")
+        return [f"\n== 6. dashboards: snapshot failed: {r.stderr.strip()[-500:]}"]
+    lines = [f"\n== 6. dashboards (every panel's query over the demo, from Prometheus at {PROMETHEUS}): {out}/"]
+    return lines + [f"  {png}" for png in sorted(out.glob("*.png"))]
 
 
-def explain_slowest(since: float) -> None:
+def explain_slowest(since: float) -> list[str]:
     minutes = (time.time() - since) / 60 + 1
     r = subprocess.run(
         [
@@ -281,9 +282,30 @@ def explain_slowest(since: float) -> None:
         timeout=120,
         check=False,
     )
-    say("\n== 7. where the slowest request's time went (python -m llmlab_accounting.explain --slowest):")
-    say(r.stdout.rstrip() if r.returncode == 0 else f"  unavailable: {r.stderr.strip()[-300:]}")
-    say("   any request: make explain-latency REQUEST_ID=<its X-Request-Id>")
+    return [
+        "\n== 7. where the slowest request's time went (python -m llmlab_accounting.explain --slowest):",
+        r.stdout.rstrip() if r.returncode == 0 else f"  unavailable: {r.stderr.strip()[-300:]}",
+        "   any request: make explain-latency REQUEST_ID=<its X-Request-Id>",
+    ]
+
+
+def after_the_run(out: Path, stamp: str, since: float) -> None:
+    """Sections 5-7, printed in order. Their work overlaps: the dashboards' snapshot waits for one
+    more scrape and renders in its own process while the accounting rows come in; the cost report
+    and the slowest request's explanation (both reading those rows) run side by side after."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        dash = pool.submit(dashboards, since, out / f"demo-{stamp}-dashboards")
+        attempts = wait_for_attempts()
+        explain = pool.submit(explain_slowest, since)
+        if attempts is None:
+            say(f"\n== 5. cost report: accounting service not reachable at {ACCOUNTING}; skipped")
+            sections = [dash, explain]
+        else:
+            cost = pool.submit(cost_report, out / f"demo-{stamp}-cost", since, attempts)
+            sections = [cost, dash, explain]
+        for section in sections:
+            for line in section.result():
+                say(line)
 
 
 def worker_phases() -> dict[str, dict[str, float]]:
@@ -486,9 +508,7 @@ def main() -> int:
     md = report(results, phases, args.out, stamp, started, time.monotonic() - t0)
     say(f"\n== 4. report: {md} (+ .json, .png)")
     say(md.read_text().split("## Metadata")[0])
-    cost_report(args.out / f"demo-{stamp}-cost", started.timestamp())
-    dashboards(started.timestamp(), args.out / f"demo-{stamp}-dashboards")
-    explain_slowest(started.timestamp())
+    after_the_run(args.out, stamp, started.timestamp())
     say(f"The stack is still up: point any OpenAI client at {args.gateway}/v1 (key in {RUN_DIR / 'api-key'}).")
     say("`make down` stops it.")
     return 0 if all(r["summary"]["requests"]["failed"] == 0 for r in results) else 1
