@@ -212,6 +212,9 @@ class NatsDispatcher:
         )
         await self.nc.subscribe(self.topo.alive_subject(self.gateway_id), cb=self._on_alive)
         await self.nc.subscribe(self.topo.heartbeat_wildcard, cb=self._on_heartbeat)
+        # The server has the SUBs before the gateway serves (subscribe() only queues them): a
+        # worker's first tokens, on another connection, could otherwise reach it first.
+        await self.nc.flush(timeout=5)
         self._set_workers_gauge(time.monotonic())
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="worker-sweeper")
 
