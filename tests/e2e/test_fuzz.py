@@ -33,8 +33,7 @@ from llmlab_testkit.procs import Stack, url
 from schemathesis.core.parameters import ParameterLocation
 from schemathesis.specs.openapi.checks import ignored_auth, positive_data_acceptance
 
-# untimed: hypothesis runs without deadlines and every request may take 30 s (make test runs it beside vLLM).
-pytestmark = [pytest.mark.e2e, pytest.mark.untimed]
+pytestmark = pytest.mark.e2e
 EXAMPLES = int(os.environ.get("LLMLAB_FUZZ_EXAMPLES", "14"))
 # Every case carries a valid key (so that it reaches the handlers); the "invalid auth accepted"
 # check would read that as ignoring the generated one. Authentication is tested on its own (401
