@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -12,6 +14,7 @@ from llmlab_common.settings import InfraSettings
 from llmlab_common.subjects import Topology
 from llmlab_router.app import create_app
 from llmlab_router.settings import RouterSettings
+from llmlab_router.transport import RouteResponder
 from llmlab_testkit.procs import unique_namespace
 from nats.errors import NoRespondersError
 
@@ -55,11 +58,6 @@ async def test_a_starting_router_leaves_routing_to_the_gateways_until_its_discov
 async def test_the_responder_starts_only_once_the_server_has_its_subscriptions() -> None:
     """Catches: readiness before the SUBs reach the server (nats-py's subscribe() only queues them):
     a request sent right after the router reported ready got "no responders" (CI of bf28e28)."""
-    from types import SimpleNamespace
-    from typing import Any, cast
-
-    from llmlab_router.transport import RouteResponder
-
     calls: list[str] = []
 
     class RecordingNats:
