@@ -13,7 +13,7 @@ import time
 
 import pytest
 from llmlab_testkit.budget import BudgetAdmin
-from llmlab_testkit.e2e import LLAMA, eventually, stream_chat
+from llmlab_testkit.e2e import LLAMA, eventually, metric, stream_chat
 from llmlab_testkit.e2e import accounting_sql as sql
 from llmlab_testkit.procs import ManagedProcess, Stack, url
 
@@ -55,6 +55,10 @@ async def test_explain_latency_splits_a_request_where_its_time_went(stack: Stack
 
     short, _ = await one(4)
     slow, client_s = await one(30)
+    # The second request's key was admitted moments before: it was routed while its reserve was
+    # on the way (route-ahead), through the real budget and router services, and the decision used.
+    ahead = {o: metric(gw, "llmlab_gateway_route_ahead_total", outcome=o) for o in ("used", "rerouted", "refused")}
+    assert ahead == {"used": 1, "rerouted": 0, "refused": 0}, ahead
     await eventually(
         lambda: sql(acc, f"SELECT count() FROM attempts WHERE request_id IN ('{short}', '{slow}')") == [[2]],
         timeout=30,

@@ -14,7 +14,7 @@ from typing import Protocol
 from llmlab_common import rules
 from llmlab_common.authguard import missing_key
 from llmlab_common.errors import AuthenticationFailed
-from llmlab_common.expiring import ExpiringSet
+from llmlab_common.expiring import ExpiringMap, ExpiringSet
 from llmlab_common.messages import Endpoint, Principal
 from llmlab_common.tokens import PromptEstimate
 
@@ -48,6 +48,16 @@ class RefusedKeys(ExpiringSet):
     (the oldest go first); a key created or restored meanwhile works after ttl_s."""
 
     def __init__(self, ttl_s: float = 2.0, size: int = 100_000) -> None:
+        super().__init__(ttl_s, size)
+
+
+class AdmittedKeys(ExpiringMap[Principal]):
+    """The principal of each API key's (SHA-256's) last admission in the last ``ttl_s``, while
+    the admissions since succeeded: the next request of the key is routed on its plan while its
+    own reserve is on the way (route-ahead). Only a prediction: that request's admission
+    decides, and a decision made on a stale one is made again. Bounded (the oldest go first)."""
+
+    def __init__(self, ttl_s: float = 60.0, size: int = 100_000) -> None:
         super().__init__(ttl_s, size)
 
 

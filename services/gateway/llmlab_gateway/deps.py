@@ -15,7 +15,7 @@ from llmlab_common.codes import Code
 from llmlab_common.errors import AuthenticationFailed, InvalidRequest, PayloadTooLarge
 from llmlab_routing.config import CatalogHolder
 
-from llmlab_gateway.auth import Admitter, RefusedKeys, require_key
+from llmlab_gateway.auth import AdmittedKeys, Admitter, RefusedKeys, require_key
 from llmlab_gateway.metrics import GatewayMetrics
 from llmlab_gateway.service import CompletionService, RouteHints
 from llmlab_gateway.settings import GatewaySettings
@@ -31,6 +31,7 @@ class Gateway:
     service: CompletionService
     metrics: GatewayMetrics
     refused_keys: RefusedKeys = field(default_factory=RefusedKeys)
+    admitted_keys: AdmittedKeys = field(default_factory=AdmittedKeys)
     auth_failures: AuthFailures = field(default_factory=AuthFailures)
 
     async def authenticate_first(self, request: Request, *, known_suffices: bool) -> tuple[str, str]:

@@ -93,10 +93,18 @@ class GatewayMetrics:
             "Routes decided in the gateway because the router did not answer",
             ("why",),
         )
+        self.route_ahead = m.counter(
+            "gateway_route_ahead_total",
+            "Routing decisions started while the budget reserve was on its way, by outcome: used, rerouted "
+            "(the admission gave other inputs: routed again), refused (the admission refused the request)",
+            ("outcome",),
+        )
+        for outcome in ("used", "rerouted", "refused"):
+            self.route_ahead.labels(outcome)
         admission = m.histogram(
             "gateway_admission_seconds",
             "Admission steps of the requests that passed authentication: auth_reserve (budget round trip), "
-            "route (the routing decision)",
+            "route (the routing decision; routed ahead, its time past the budget's answer)",
             ("step",),
         )
         self._auth_reserve, self._route = admission.labels("auth_reserve"), admission.labels("route")

@@ -80,25 +80,42 @@ async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -
             raise invalid_request(exc.errors()) from exc
         gw.require_model(body.model)
         hints = route_hints(request)
-        # Authenticate and reserve (budget) before routing: over-budget work never reaches a worker.
+        # Authenticate and reserve (budget) before dispatching: over-budget work never reaches a
+        # worker. A key admitted moments ago is routed meanwhile, on its last admission's plan
+        # (route-ahead; CompletionService.route_ahead), and its request waits for its own.
         parse_s = time.time() - created_at
         t_admit = time.perf_counter()
-        admission = await gw.admitter.admit(
-            api_key,
-            AdmissionRequest(
-                request_id=request_id,
-                endpoint=endpoint,
-                model=body.model,
-                prompt=estimate_prompt(body),
-                requested_max_tokens=body.requested_max_tokens(),
-                deadline=created_at + settings.request_timeout_s,
-            ),
-        )
+        last = gw.admitted_keys.get(key_sha) if settings.route_ahead else None
+        ahead = None
+        if last is not None:
+            ahead = service.route_ahead(CallContext(request_id, endpoint, body, last, created_at, None, hints))
+        try:
+            admission = await gw.admitter.admit(
+                api_key,
+                AdmissionRequest(
+                    request_id=request_id,
+                    endpoint=endpoint,
+                    model=body.model,
+                    prompt=estimate_prompt(body),
+                    requested_max_tokens=body.requested_max_tokens(),
+                    deadline=created_at + settings.request_timeout_s,
+                ),
+            )
+        except BaseException:
+            gw.admitted_keys.discard(key_sha)
+            if ahead is not None:
+                gm.route_ahead.labels("refused").inc()
+            raise
         principal = admission.principal
+        gw.admitted_keys.put(key_sha, principal)
         ctx = CallContext(request_id, endpoint, body, principal, created_at, admission.max_tokens, hints)
         ctx.auth_s = time.perf_counter() - t_admit
         ctx.parse_s = parse_s
-        opened = await service.open(ctx)
+        try:
+            opened = await service.open(ctx, ahead)
+        finally:
+            if ahead is not None and ahead.used is not None:
+                gm.route_ahead.labels("used" if ahead.used else "rerouted").inc()
     except Exception as exc:
         if isinstance(exc, LLMLabError):
             err = exc

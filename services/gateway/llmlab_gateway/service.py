@@ -159,6 +159,23 @@ class CallContext:
     first_dispatched_at: float | None = None  # wall clock: the first attempt built and published
 
 
+@dataclass
+class RouteAhead:
+    """A routing decision started before the request's admission answered
+    (:meth:`CompletionService.route_ahead`), with the inputs it was made on."""
+
+    plan: str
+    max_output_tokens: int
+    reply: asyncio.Future[RouteReply]
+    prompt_tokens: int  # what route_query set on the context it was made with
+    prompt_hash: str | None
+    used: bool | None = None  # set by fits(): whether the admission confirmed the inputs
+
+    def fits(self, plan: str, max_output_tokens: int) -> bool:
+        self.used = plan == self.plan and max_output_tokens == self.max_output_tokens
+        return self.used
+
+
 # Continues an interrupted stream on another target: the next attempt's first message, or None
 # when it cannot (see CompletionService.resume).
 Resumer: TypeAlias = Callable[["OpenedStream", Interruption], Awaitable["TokenChunk | StreamEnd | None"]]
@@ -389,7 +406,9 @@ class CompletionService:
         )
 
     async def _route(self, ctx: CallContext) -> RouteReply:
-        query = self.route_query(ctx)
+        return await self._decide(self.route_query(ctx))
+
+    async def _decide(self, query: RouteQuery) -> RouteReply:
         reply = await self.router.route(query)
         if reply.error is not None and reply.error.code == Code.NO_WORKERS:
             # Just started: heartbeats may not have arrived yet. Wait out discovery once.
@@ -399,7 +418,20 @@ class CompletionService:
             raise error_from_info(reply.error)
         return reply
 
-    async def open(self, ctx: CallContext) -> OpenedStream:
+    def route_ahead(self, ctx: CallContext) -> RouteAhead:
+        """Start the routing decision now, while the budget's reserve is on its way: ``ctx``
+        carries the principal and output allowance its key's last admission had. :meth:`open`
+        uses the decision only when the request's own admission gives the route the same inputs
+        (plan, max_tokens); otherwise it routes again, and the unused decision counts as pending
+        work in the router until the workers' next heartbeat."""
+        query = self.route_query(ctx)
+        task = asyncio.ensure_future(self._decide(query))
+        # A decision that is never awaited (the admission refused, a stale prediction) keeps
+        # its error to itself instead of "exception was never retrieved".
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return RouteAhead(query.plan, query.max_output_tokens, task, ctx.prompt_tokens, ctx.prompt_hash)
+
+    async def open(self, ctx: CallContext, ahead: RouteAhead | None = None) -> OpenedStream:
         """Try the router's chain in order until one target produces its first token.
 
         The chain never repeats a (deployment, worker), is bounded by the catalog's ``max_chain``
@@ -411,7 +443,7 @@ class CompletionService:
         request's entry in the dispatcher's attempt table here: only an opened stream is released
         by :meth:`close`."""
         try:
-            return await self._open_chain(ctx)
+            return await self._open_chain(ctx, ahead)
         except asyncio.CancelledError:
             self.dispatcher.cancel(ctx.request_id, None, Code.CLIENT_DISCONNECTED)
             self.dispatcher.release(ctx.request_id)
@@ -420,10 +452,15 @@ class CompletionService:
             self.dispatcher.release(ctx.request_id)
             raise
 
-    async def _open_chain(self, ctx: CallContext) -> OpenedStream:
+    async def _open_chain(self, ctx: CallContext, ahead: RouteAhead | None) -> OpenedStream:
         t0 = time.perf_counter()
         try:
-            reply = await self._route(ctx)
+            if ahead is not None and ahead.fits(ctx.principal.plan, self._max_tokens(ctx)):
+                # route_s is then what the decision took past the budget's answer.
+                ctx.prompt_tokens, ctx.prompt_hash = ahead.prompt_tokens, ahead.prompt_hash
+                reply = await ahead.reply
+            else:
+                reply = await self._route(ctx)
         finally:
             ctx.route_s = time.perf_counter() - t0
             ctx.routed_at = time.time()

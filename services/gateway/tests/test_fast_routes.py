@@ -64,7 +64,10 @@ async def test_an_unexpected_error_before_the_answer_is_a_500_with_its_request_e
     failures: list[tuple[str, object]] = []
 
     class Service:
-        async def open(self, ctx: object) -> object:
+        def route_ahead(self, ctx: object) -> None:
+            return None
+
+        async def open(self, ctx: object, ahead: object = None) -> object:
             raise RuntimeError("pool gpu-vllm: worker-7.internal:8091 refused")
 
         def record_failure(self, request_id: str, err: object, *_: object) -> None:
@@ -114,7 +117,10 @@ async def test_keys_are_checked_before_the_body_and_failing_addresses_are_refuse
     revoked: set[str] = set()
 
     class Service:
-        async def open(self, ctx: object) -> object:
+        def route_ahead(self, ctx: object) -> None:
+            return None
+
+        async def open(self, ctx: object, ahead: object = None) -> object:
             raise ServiceUnavailable("No workers.")  # admission is what this test is about
 
         def record_failure(self, *_: object) -> None:

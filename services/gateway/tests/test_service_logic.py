@@ -4,9 +4,11 @@ run against real NATS and workers in tests/e2e)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 
+import httpx
 import pytest
 from llmlab_common.errors import (
     EngineError,
@@ -22,6 +24,8 @@ from llmlab_common.messages import (
     InferenceRequest,
     Principal,
     RequestEvent,
+    RouteQuery,
+    RouteReply,
     RouteTarget,
     StreamEnd,
     StreamError,
@@ -497,3 +501,112 @@ async def test_tools_and_response_format_pass_through_where_supported() -> None:
     assert (p.seed, p.stop, p.user) == (7, ["END"], "u1")
     await svc.open(_ctx(model="SmolLM2-135M-Instruct", **body))  # catalog: supports_tools false
     assert d.dispatched[1].params.tools is None and d.dispatched[1].params.tool_choice is None
+
+
+class _Recording:
+    """The embedded router, recording each query as it arrives."""
+
+    def __init__(self, inner: EmbeddedRouter) -> None:
+        self.inner = inner
+        self.queries: list[RouteQuery] = []
+        self.asked = asyncio.Event()
+
+    async def route(self, query: RouteQuery) -> RouteReply:
+        self.queries.append(query)
+        self.asked.set()
+        return await self.inner.route(query)
+
+
+def _recording(svc: CompletionService) -> _Recording:
+    rec = _Recording(svc.router)  # type: ignore[arg-type]
+    svc.router = rec
+    return rec
+
+
+async def test_a_decision_routed_ahead_is_used_when_the_admission_confirms_its_inputs() -> None:
+    """Catches: a route-ahead decision thrown away and made again (two decisions per request,
+    the overlap's saving lost), or used without the prompt hash its context got."""
+    d = FakeDispatcher(scripts=[[_started(1), _end(1, 1)]])
+    svc = _service(d)
+    rec = _recording(svc)
+    ahead = svc.route_ahead(_ctx())  # the key's last admission: plan "free", no clamp
+    await rec.asked.wait()
+    ctx = _ctx()
+    ctx.max_tokens = 256  # the budget's allowance: the plan's default, as predicted
+    await svc.open(ctx, ahead)
+    assert ahead.used is True and len(rec.queries) == 1
+    assert d.dispatched[0].params.max_tokens == 256
+    assert d.dispatched[0].route is not None
+    assert ctx.prompt_hash is not None and d.dispatched[0].route.prompt_hash == ctx.prompt_hash
+
+
+@pytest.mark.parametrize(("plan", "allowance"), [("free", 8), ("enterprise", 256)])
+async def test_a_stale_prediction_is_routed_again_on_the_admissions_inputs(plan: str, allowance: int) -> None:
+    """Catches: a route-ahead decision used although the admission clamped max_tokens or the key
+    moved to another plan (the router then sized and placed the request on the wrong inputs)."""
+    d = FakeDispatcher(scripts=[[_started(1), _end(1, 1)]])
+    svc = _service(d)
+    rec = _recording(svc)
+    ahead = svc.route_ahead(_ctx())
+    await rec.asked.wait()  # the decision is made while the budget's answer is on its way
+    body = ChatCompletionRequest.model_validate({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    ctx = CallContext("r", "chat", body, Principal(plan=plan), time.time(), allowance)
+    await svc.open(ctx, ahead)
+    assert ahead.used is False
+    assert [(q.plan, q.max_output_tokens) for q in rec.queries] == [("free", 256), (plan, allowance)]
+    assert d.dispatched[0].params.max_tokens == allowance
+
+
+async def test_a_key_admitted_moments_ago_is_routed_while_its_reserve_is_on_the_way() -> None:
+    """Catches: routing after the reserve for a key just admitted (the two round trips add up
+    again); routing ahead for a key not admitted before, or refused since (unknown keys would
+    each cost the router a decision); a refused request's decision dispatched."""
+    from llmlab_common.metrics import Metrics
+    from llmlab_gateway.auth import Admission
+    from llmlab_gateway.deps import Gateway
+    from llmlab_gateway.metrics import GatewayMetrics
+    from llmlab_gateway.relay import handle_completion
+    from llmlab_gateway.sse import RawSendApp
+    from llmlab_routing.config import CatalogHolder
+
+    d = FakeDispatcher(scripts=[[_started(1), _tok(1, 1, "a"), _end(1, 2)] for _ in range(3)])
+    svc = _service(d, queue_timeout_s=5.0, first_token_timeout_s=5.0)
+    rec = _recording(svc)
+    overlapped: list[bool] = []
+    refusing = [False]
+
+    class Admitter:
+        async def authenticate(self, api_key: str) -> Principal:
+            return Principal(key_id="k", plan="free")
+
+        async def admit(self, api_key: str, req: object) -> Admission:
+            # The budget's answer comes when the router was asked meanwhile, or after 0.3 s.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(rec.asked.wait(), 0.3)
+            overlapped.append(rec.asked.is_set())
+            rec.asked.clear()
+            if refusing[0]:
+                raise RateLimited("Budget exceeded.", retry_after_s=60, code="budget_exceeded")
+            return Admission(Principal(key_id="k", plan="free"), max_tokens=256)
+
+    gm = GatewayMetrics(Metrics("t"))
+    gw = Gateway(svc.settings, CatalogHolder(DEFAULT_CATALOG), Admitter(), svc, gm)  # type: ignore[arg-type]
+    app = RawSendApp()
+
+    async def chat(request: object) -> object:
+        return await handle_completion(request, gw, "chat")  # type: ignore[arg-type]
+
+    app.fast_routes = {"/v1/chat/completions": chat}  # type: ignore[dict-item]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    statuses = []
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        for refusing[0] in (False, False, True, False):
+            r = await c.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-a"})
+            statuses.append(r.status_code)
+    assert statuses == [200, 200, 429, 200]
+    # First sight of the key: sequential. Admitted: routed ahead (also when then refused, which
+    # forgets the key): sequential again.
+    assert overlapped == [False, True, True, False]
+    assert len(rec.queries) == 4 and len(d.dispatched) == 3  # one decision each, the refused one unused
+    counts = {o: gm.route_ahead.labels(o)._value.get() for o in ("used", "rerouted", "refused")}
+    assert counts == {"used": 1, "rerouted": 0, "refused": 1}
