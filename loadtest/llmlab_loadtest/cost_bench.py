@@ -61,6 +61,7 @@ from llmlab_loadtest.ladder import cpu_seconds
 from llmlab_loadtest.profiles import py_spy
 from llmlab_loadtest.profiles import summary as profile_summary
 from llmlab_loadtest.relay_bench import find_nats_server, wait_sim_idle
+from llmlab_loadtest.settings_arg import parse_setting
 
 log = logging.getLogger("cost_bench")
 
@@ -447,15 +448,6 @@ def _settings_note(meta: dict[str, Any], name: str) -> str:
     older runs have no such field."""
     settings = (meta.get("settings") or {}).get(name) or {}
     return " with " + ", ".join(f"`{k}={v}`" for k, v in settings.items()) if settings else ""
-
-
-def parse_setting(text: str) -> tuple[str, str]:
-    """``KEY=VALUE`` of ``--env-ab``: a setting of the services (``LLMLAB_*``), never anything else
-    the processes would read (PATH, PYTHONPATH: the variants must run the same code)."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.startswith("LLMLAB_") or not key[7:] or not all(c.isalnum() or c == "_" for c in key):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected LLMLAB_<NAME>=<value>")
-    return key, value
 
 
 def _f(x: Any, nd: int = 2) -> str:

@@ -62,6 +62,7 @@ from llmlab_loadtest.bench_meta import (
 )
 from llmlab_loadtest.profiles import py_spy
 from llmlab_loadtest.profiles import summary as profile_summary
+from llmlab_loadtest.settings_arg import parse_setting
 from llmlab_loadtest.sse_client import percentile, raise_nofile_limit
 
 log = logging.getLogger("relay_bench")
@@ -126,6 +127,8 @@ class BenchConfig:
     # Scale-out: processes of the gateway (on one port, SO_REUSEPORT) and of the worker (per engine).
     gateway_processes: int = 1
     router: str = "service"  # the full stack's gateway router mode (service or shared)
+    # --setting: LLMLAB_* variables set for every service process of the stack (not the simulator)
+    settings: dict[str, str] = field(default_factory=dict)
     worker_processes: int = 1
     nats_url: str = os.environ.get("LLMLAB_NATS_URL", "nats://127.0.0.1:4222")
     dirty: bool = False  # --dirty: measure a modified tree (the result says so)
@@ -208,6 +211,15 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         type=int,
         default=1,
         help="worker processes in front of the one simulator (LLMLAB_WORKER_PROCESSES); default 1",
+    )
+    p.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        type=parse_setting,
+        metavar="LLMLAB_KEY=VALUE",
+        help="a setting of every service process of the stack (repeatable; recorded in the result's metadata), "
+        "e.g. LLMLAB_GATEWAY_ROUTE_AHEAD=false",
     )
     p.add_argument("--out-dir", type=Path, default=Path("results"))
     p.add_argument("--keep-raw", action="store_true", help="keep every run's per-request client JSON")
@@ -323,6 +335,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         gateway_processes=a.gateway_processes,
         worker_processes=a.worker_processes,
         router=a.router,
+        settings=dict(a.setting),
     )
 
 
@@ -788,15 +801,15 @@ class Bench:
             url(self.sim),
             max_concurrency=c.worker_max_concurrency,
             heartbeat_s=c.worker_heartbeat_s,
-            env={"LLMLAB_WORKER_PROCESSES": str(c.worker_processes)},
+            env={"LLMLAB_WORKER_PROCESSES": str(c.worker_processes), **c.settings},
         )
-        gw_env = {"LLMLAB_GATEWAY_PROCESSES": str(c.gateway_processes)}
+        gw_env = {"LLMLAB_GATEWAY_PROCESSES": str(c.gateway_processes), **c.settings}
         extra: dict[str, ManagedProcess] = {}
         if c.stack == "full":
             # As a user runs it: every request authenticated and reserved by the budget service,
             # routed by the router service, accounted; the gateway's own queue timeout.
-            extra = {"budget": self.stack.budget(), "router": self.stack.router()}
-            extra["accounting"] = self.stack.accounting()
+            extra = {"budget": self.stack.budget(env=c.settings), "router": self.stack.router(env=c.settings)}
+            extra["accounting"] = self.stack.accounting(env=c.settings)
             admin = BudgetAdmin(url(extra["budget"]))
             limits = ("daily_tokens", "monthly_tokens", "rpm", "tpm", "max_concurrent")
             unlimited = dict.fromkeys(limits, "unlimited")
@@ -1647,6 +1660,7 @@ def metadata(cfg: BenchConfig, bench: Bench, started: dt.datetime, duration_s: f
             "processes": cfg.worker_processes,
         },
         "gateway_processes": cfg.gateway_processes,
+        "settings": cfg.settings,
         "sample_interval_s": cfg.sample_interval_s,
         "gateway": (
             {"queue_timeout_s": cfg.queue_timeout_s, "auth": "static", "router": "embedded"}
@@ -1697,7 +1711,12 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"ITL {meta['simulator']['itl_ms']:g} ms, tick {tick:g} ms"
         f"{' (a strict step loop)' if tick >= meta['simulator']['itl_ms'] else ''}, "
         f"{meta['simulator']['output_len']} output tokens; {meta['repeats']} measured run(s) per mode and level.  ",
-        f"Run length: {meta['duration']}.",
+        f"Run length: {meta['duration']}."
+        + (
+            " The stack's services ran with " + ", ".join(f"`{k}={v}`" for k, v in meta["settings"].items()) + "."
+            if meta.get("settings")
+            else ""
+        ),
         "",
         "## Stack vs direct",
         "",

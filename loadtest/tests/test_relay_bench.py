@@ -205,6 +205,17 @@ def test_sample_interval_option() -> None:
             rb.parse_args(["--sample-interval-s", bad])
 
 
+@pytest.mark.unit
+def test_settings_of_the_stacks_services() -> None:
+    """--setting: LLMLAB_* variables only (the stack must run the tree's code), repeatable."""
+    assert rb.parse_args([]).settings == {}
+    cfg = rb.parse_args(["--setting", "LLMLAB_GATEWAY_ROUTE_AHEAD=false", "--setting", "LLMLAB_WORKER_COALESCE_MS=0"])
+    assert cfg.settings == {"LLMLAB_GATEWAY_ROUTE_AHEAD": "false", "LLMLAB_WORKER_COALESCE_MS": "0"}
+    for bad in ("PYTHONPATH=/tmp", "LLMLAB_=1", "LLMLAB_X"):
+        with pytest.raises(SystemExit):
+            rb.parse_args(["--setting", bad])
+
+
 REQUIRED_METADATA = (*METADATA_FIELDS, "simulated_note")
 
 
@@ -318,10 +329,11 @@ def test_quick_full_stack_run(quick_bench: Callable[..., Any]) -> None:
         # 1 kHz: at 100 Hz the gateway's few ms of GIL time in this run gave no sample on a fast host (CI flake)
         args=[
             *("--workload", "gpu-like", "--levels", "1", "--min-requests", "3", "--min-per-stream", "1", "--dirty"),
-            *("--profile-hz", "1000", "--sim-tick-ms", "20"),
+            *("--profile-hz", "1000", "--sim-tick-ms", "20", "--setting", "LLMLAB_GATEWAY_ROUTE_AHEAD=true"),
         ],
     )
     assert doc["metadata"]["gateway"]["auth"] == "budget" and doc["metadata"]["gateway"]["router"] == "service"
+    assert doc["metadata"]["settings"] == {"LLMLAB_GATEWAY_ROUTE_AHEAD": "true"}
     assert doc["metadata"]["simulator"]["tick_ms"] == 20.0
     measured = [r for r in doc["runs"] if r["repeat"] == 1]
     # The data-plane figures come from the services' metrics: the worker took each of the 3
