@@ -219,7 +219,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         type=parse_setting,
         metavar="LLMLAB_KEY=VALUE",
         help="a setting of every service process of the stack (repeatable; recorded in the result's metadata), "
-        "e.g. LLMLAB_GATEWAY_ROUTE_AHEAD=false",
+        "e.g. LLMLAB_GATEWAY_ROUTE_AHEAD_MAX_ADMITTING=0",
     )
     p.add_argument("--out-dir", type=Path, default=Path("results"))
     p.add_argument("--keep-raw", action="store_true", help="keep every run's per-request client JSON")

@@ -329,11 +329,12 @@ def test_quick_full_stack_run(quick_bench: Callable[..., Any]) -> None:
         # 1 kHz: at 100 Hz the gateway's few ms of GIL time in this run gave no sample on a fast host (CI flake)
         args=[
             *("--workload", "gpu-like", "--levels", "1", "--min-requests", "3", "--min-per-stream", "1", "--dirty"),
-            *("--profile-hz", "1000", "--sim-tick-ms", "20", "--setting", "LLMLAB_GATEWAY_ROUTE_AHEAD=true"),
+            *("--profile-hz", "1000", "--sim-tick-ms", "20"),
+            *("--setting", "LLMLAB_GATEWAY_ROUTE_AHEAD_MAX_ADMITTING=16"),
         ],
     )
     assert doc["metadata"]["gateway"]["auth"] == "budget" and doc["metadata"]["gateway"]["router"] == "service"
-    assert doc["metadata"]["settings"] == {"LLMLAB_GATEWAY_ROUTE_AHEAD": "true"}
+    assert doc["metadata"]["settings"] == {"LLMLAB_GATEWAY_ROUTE_AHEAD_MAX_ADMITTING": "16"}
     assert doc["metadata"]["simulator"]["tick_ms"] == 20.0
     measured = [r for r in doc["runs"] if r["repeat"] == 1]
     # The data-plane figures come from the services' metrics: the worker took each of the 3

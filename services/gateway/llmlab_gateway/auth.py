@@ -55,10 +55,12 @@ class AdmittedKeys(ExpiringMap[Principal]):
     """The principal of each API key's (SHA-256's) last admission in the last ``ttl_s``, while
     the admissions since succeeded: the next request of the key is routed on its plan while its
     own reserve is on the way (route-ahead). Only a prediction: that request's admission
-    decides, and a decision made on a stale one is made again. Bounded (the oldest go first)."""
+    decides, and a decision made on a stale one is made again. Bounded (the oldest go first).
+    ``admitting``: the admissions this process awaits now (route-ahead stops past a bound)."""
 
     def __init__(self, ttl_s: float = 60.0, size: int = 100_000) -> None:
         super().__init__(ttl_s, size)
+        self.admitting = 0
 
 
 def require_key(api_key: str | None) -> str:

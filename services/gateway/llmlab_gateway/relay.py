@@ -85,10 +85,14 @@ async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -
         # (route-ahead; CompletionService.route_ahead), and its request waits for its own.
         parse_s = time.time() - created_at
         t_admit = time.perf_counter()
-        last = gw.admitted_keys.get(key_sha) if settings.route_ahead else None
+        keys = gw.admitted_keys
+        # Not in a burst: there the cores are the bottleneck, and overlapping the two round trips
+        # made the 1,000-stream burst slower (docs/benchmarks.md).
+        last = keys.get(key_sha) if keys.admitting < settings.route_ahead_max_admitting else None
         ahead = None
         if last is not None:
             ahead = service.route_ahead(CallContext(request_id, endpoint, body, last, created_at, None, hints))
+        keys.admitting += 1
         try:
             admission = await gw.admitter.admit(
                 api_key,
@@ -102,12 +106,14 @@ async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -
                 ),
             )
         except BaseException:
-            gw.admitted_keys.discard(key_sha)
+            keys.discard(key_sha)
             if ahead is not None:
                 gm.route_ahead.labels("refused").inc()
             raise
+        finally:
+            keys.admitting -= 1
         principal = admission.principal
-        gw.admitted_keys.put(key_sha, principal)
+        keys.put(key_sha, principal)
         ctx = CallContext(request_id, endpoint, body, principal, created_at, admission.max_tokens, hints)
         ctx.auth_s = time.perf_counter() - t_admit
         ctx.parse_s = parse_s

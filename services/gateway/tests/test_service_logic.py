@@ -560,7 +560,7 @@ async def test_a_stale_prediction_is_routed_again_on_the_admissions_inputs(plan:
 async def test_a_key_admitted_moments_ago_is_routed_while_its_reserve_is_on_the_way() -> None:
     """Catches: routing after the reserve for a key just admitted (the two round trips add up
     again); routing ahead for a key not admitted before, or refused since (unknown keys would
-    each cost the router a decision); a refused request's decision dispatched."""
+    each cost the router a decision), or in a burst; a refused request's decision dispatched."""
     from llmlab_common.metrics import Metrics
     from llmlab_gateway.auth import Admission
     from llmlab_gateway.deps import Gateway
@@ -569,7 +569,7 @@ async def test_a_key_admitted_moments_ago_is_routed_while_its_reserve_is_on_the_
     from llmlab_gateway.sse import RawSendApp
     from llmlab_routing.config import CatalogHolder
 
-    d = FakeDispatcher(scripts=[[_started(1), _tok(1, 1, "a"), _end(1, 2)] for _ in range(3)])
+    d = FakeDispatcher(scripts=[[_started(1), _tok(1, 1, "a"), _end(1, 2)] for _ in range(4)])
     svc = _service(d, queue_timeout_s=5.0, first_token_timeout_s=5.0)
     rec = _recording(svc)
     overlapped: list[bool] = []
@@ -581,10 +581,10 @@ async def test_a_key_admitted_moments_ago_is_routed_while_its_reserve_is_on_the_
 
         async def admit(self, api_key: str, req: object) -> Admission:
             # The budget's answer comes when the router was asked meanwhile, or after 0.3 s.
+            rec.asked.clear()  # a decision routed ahead has not run yet: its task starts after this
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(rec.asked.wait(), 0.3)
             overlapped.append(rec.asked.is_set())
-            rec.asked.clear()
             if refusing[0]:
                 raise RateLimited("Budget exceeded.", retry_after_s=60, code="budget_exceeded")
             return Admission(Principal(key_id="k", plan="free"), max_tokens=256)
@@ -600,13 +600,16 @@ async def test_a_key_admitted_moments_ago_is_routed_while_its_reserve_is_on_the_
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
     statuses = []
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
-        for refusing[0] in (False, False, True, False):
+        for refusing[0] in (False, False, True, False, False):
+            if len(statuses) == 4:  # a burst: as many admissions awaited as the bound allows
+                gw.admitted_keys.admitting = svc.settings.route_ahead_max_admitting
             r = await c.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-a"})
             statuses.append(r.status_code)
-    assert statuses == [200, 200, 429, 200]
+    assert statuses == [200, 200, 429, 200, 200]
     # First sight of the key: sequential. Admitted: routed ahead (also when then refused, which
-    # forgets the key): sequential again.
-    assert overlapped == [False, True, True, False]
-    assert len(rec.queries) == 4 and len(d.dispatched) == 3  # one decision each, the refused one unused
+    # forgets the key): sequential again; in a burst too.
+    assert overlapped == [False, True, True, False, False]
+    assert gw.admitted_keys.admitting == svc.settings.route_ahead_max_admitting  # each admission counted out
+    assert len(rec.queries) == 5 and len(d.dispatched) == 4  # one decision each, the refused one unused
     counts = {o: gm.route_ahead.labels(o)._value.get() for o in ("used", "rerouted", "refused")}
     assert counts == {"used": 1, "rerouted": 0, "refused": 1}
