@@ -612,6 +612,8 @@ class Run:
     loop_lag_buckets: list[tuple[float, float]] = field(default_factory=list)  # the worker's event loop
     router_fallbacks: dict[str, float] = field(default_factory=dict)
     statuses: dict[str, float] = field(default_factory=dict)
+    # seconds in garbage collections over the run, per service, by generation ("0", "1", "2")
+    gc_pause_s: dict[str, dict[str, float]] = field(default_factory=dict)
     sample_times_s: list[float] = field(default_factory=list)  # when each CPU sample of ``processes`` ended
 
     @property
@@ -667,6 +669,7 @@ class Run:
             "loop_lag_buckets": [[le if le != float("inf") else "+Inf", n] for le, n in self.loop_lag_buckets],
             "router_fallbacks": self.router_fallbacks,
             "gateway_statuses": self.statuses,
+            "gc_pause_s": self.gc_pause_s,
             "sample_times_s": [round(t, 3) for t in self.sample_times_s],
         }
 
@@ -1061,6 +1064,10 @@ class Bench:
             wd = promscrape.delta(scraped["worker"], after["worker"])
             run.queue_buckets = promscrape.buckets(wd, "llmlab_worker_nats_queue_seconds")
             run.loop_lag_buckets = promscrape.buckets(wd, "llmlab_worker_event_loop_lag_seconds")
+            run.gc_pause_s = {
+                svc: promscrape.by_label(d, "llmlab_process_gc_pause_seconds_sum", "generation")
+                for svc, d in (("gateway", gd), ("worker", wd))
+            }
             run.router_fallbacks = {
                 k: n for k, n in promscrape.by_label(gd, "llmlab_gateway_router_fallbacks_total", "why").items() if n
             }
@@ -1243,7 +1250,26 @@ def dataplane_figures(stack_runs: Sequence[Run]) -> dict[str, Any]:
         "router_fallbacks": {k: int(v) for k, v in fallbacks.items()},
         "router_timeouts": int(sum(v for k, v in fallbacks.items() if "timeout" in k.lower())),
         "refused": int(refused),
+        # garbage collection per run (mean): all generations, and the full (generation 2) ones
+        "gc_pause_ms_per_run": {
+            svc: {
+                "all": _r(_mean([sum(r.gc_pause_s.get(svc, {}).values()) * 1000 for r in stack_runs]), 1),
+                "full": _r(_mean([r.gc_pause_s.get(svc, {}).get("2", 0.0) * 1000 for r in stack_runs]), 1),
+            }
+            for svc in ("gateway", "worker")
+        },
     }
+
+
+def _gc_cell(gc_ms: Mapping[str, Mapping[str, float | None]] | None) -> str:
+    """``gateway 12.0 (full 3.1), worker ...``; a dash for results older than the figure."""
+    if not gc_ms:
+        return "—"
+    return ", ".join(f"{svc} {_f1(v.get('all'))} (full {_f1(v.get('full'))})" for svc, v in gc_ms.items())
+
+
+def _f1(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
 
 
 def _failures(runs: Sequence[Run]) -> dict[str, Any]:
@@ -1759,11 +1785,14 @@ def render_markdown(doc: dict[str, Any]) -> str:
         "## Data plane (stack runs, from the services' metrics)",
         "",
         "NATS queue wait: the worker's dispatch-to-take histogram over the measured runs (PromQL interpolation "
-        "inside a bucket). Refused: answers other than 200; their CPU is inside the CPU figures below.",
+        "inside a bucket). Refused: answers other than 200; their CPU is inside the CPU figures below. "
+        "GC: milliseconds per run in the cyclic garbage collector (`llmlab_process_gc_pause_seconds`), "
+        "all generations (of them full collections), each a stop of that process's event loop.",
         "",
         "| streams | queue wait p50 / p95 / p99 (ms) | samples | worker event-loop lag p50 / p99 (ms) | "
-        "router timeouts | router fallbacks | refused | CPU µs per engine token (gateway, worker) |",
-        "|---:|---|---:|---|---:|---|---:|---|",
+        "router timeouts | router fallbacks | refused | CPU µs per engine token (gateway, worker) | "
+        "GC ms per run: gateway, worker |",
+        "|---:|---|---:|---|---:|---|---:|---|---|",
     ]
     for c in comps:
         dp = c.get("dataplane") or {}
@@ -1775,7 +1804,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
             f"{dp.get('queue_wait_samples', '—')} | {f(lag.get('p50'))} / {f(lag.get('p99'))} | "
             f"{dp.get('router_timeouts', '—')} | "
             f"{json.dumps(dp.get('router_fallbacks', {}))} | {dp.get('refused', '—')} | "
-            f"{f(cpu.get('gateway'))}, {f(cpu.get('worker'))} |"
+            f"{f(cpu.get('gateway'))}, {f(cpu.get('worker'))} | {_gc_cell(dp.get('gc_pause_ms_per_run'))} |"
         )
     profiles = doc.get("profiles") or {}
     if profiles:

@@ -431,6 +431,12 @@ def test_dataplane_figures_add_the_runs_buckets() -> None:
     assert dp["queue_wait_samples"] == 20
     assert dp["router_timeouts"] == 2 and dp["router_fallbacks"] == {"TimeoutError": 2, "NoRespondersError": 1}
     assert dp["refused"] == 3
+    # GC: per run, the mean of the runs (a: 30 ms of it 20 full; b: 10 ms, none full); the worker's absent
+    a.gc_pause_s = {"gateway": {"0": 0.004, "1": 0.006, "2": 0.02}}
+    b.gc_pause_s = {"gateway": {"0": 0.01}}
+    gc_ms = rb.dataplane_figures([a, b])["gc_pause_ms_per_run"]
+    assert gc_ms == {"gateway": {"all": 20.0, "full": 10.0}, "worker": {"all": 0.0, "full": 0.0}}
+    assert rb._gc_cell(gc_ms) == "gateway 20.0 (full 10.0), worker 0.0 (full 0.0)" and rb._gc_cell(None) == "—"
 
 
 @pytest.mark.unit

@@ -2,14 +2,17 @@
 conventions in one place (``_total`` counters, ``_seconds`` histograms, bounded labels only).
 
 Every :class:`Metrics` registry also carries prometheus_client's process collector (``process_*``),
-:class:`NetworkCollector` (``llmlab_process_network_*_bytes_total``) and :class:`HostOomCollector`
-(``llmlab_host_oom_kills_total``). The label rules of
+:class:`NetworkCollector` (``llmlab_process_network_*_bytes_total``), :class:`HostOomCollector`
+(``llmlab_host_oom_kills_total``) and :class:`GcPauseCollector` (``llmlab_process_gc_pause_seconds``). The label rules of
 ``docs/observability.md`` are written here once (:data:`LABEL_ALLOW_LIST`,
 :data:`MAX_SERIES_PER_FAMILY`) and checked on a scrape by :func:`check_exposition`."""
 
 from __future__ import annotations
 
 import bisect
+import gc
+import threading
+import time
 import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -27,6 +30,9 @@ ITL_BUCKETS = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.15, 0.2, 0.3,
     0.5, 0.75, 1, 2.5,
 )  # fmt: skip
+# One collection of the cyclic garbage collector: 10 us (a young generation) to 1 s (a full
+# collection of a large heap, the event loop stopped for all of it).
+GC_PAUSE_BUCKETS = (0.00001, 0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 TOKEN_BUCKETS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 LABEL_ALLOW_LIST: frozenset[str] = frozenset(
@@ -50,6 +56,7 @@ LABEL_ALLOW_LIST: frozenset[str] = frozenset(
         "kind",
         "table",
         "consumer",
+        "generation",  # CPython's garbage collector generation: 0, 1, 2
         # the engine simulator's vllm:/sglang: families (the engines' own labels)
         "model_name",
         "finished_reason",
@@ -164,6 +171,64 @@ def add_process_collectors(registry: CollectorRegistry, namespace: str = "llmlab
         ProcessCollector(registry=registry)
     registry.register(NetworkCollector(namespace))
     registry.register(HostOomCollector(namespace))
+    registry.register(GcPauseCollector(namespace))
+
+
+class _GcTimer:
+    """Times every collection of this process's cyclic garbage collector (gc.callbacks: start and
+    stop), per generation; one per process, shared by every registry's :class:`GcPauseCollector`."""
+
+    _installed: _GcTimer | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.bounds = GC_PAUSE_BUCKETS
+        self.counts = [[0] * (len(self.bounds) + 1) for _ in range(3)]  # the last: above every bound
+        self.sums = [0.0, 0.0, 0.0]
+        self._started = 0.0
+
+    @classmethod
+    def installed(cls) -> _GcTimer:
+        with cls._lock:
+            if cls._installed is None:
+                cls._installed = cls()
+                gc.callbacks.append(cls._installed.on_gc)
+            return cls._installed
+
+    def on_gc(self, phase: str, info: dict[str, int]) -> None:
+        # Runs with the GIL held, in whichever thread collected: one collection at a time.
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._started
+        g = min(max(info.get("generation", 0), 0), 2)
+        self.counts[g][bisect.bisect_left(self.bounds, pause)] += 1
+        self.sums[g] += pause
+
+
+class GcPauseCollector:
+    """``<namespace>_process_gc_pause_seconds{generation}``: each collection of CPython's cyclic
+    garbage collector in this process, by generation (0-2). A collection holds the GIL, so an
+    event loop stands still for its whole length: a full one over a large heap is a latency
+    spike that no request's own timer explains."""
+
+    def __init__(self, namespace: str = "llmlab") -> None:
+        self.name = f"{namespace}_process_gc_pause_seconds"
+        self.timer = _GcTimer.installed()
+
+    def collect(self) -> Iterable[Metric]:
+        t = self.timer
+        fam = HistogramMetricFamily(
+            self.name, "Collections of the cyclic garbage collector, by generation", labels=["generation"]
+        )
+        for g in range(3):
+            counts, acc, buckets = list(t.counts[g]), 0, []
+            for bound, n in zip(t.bounds, counts, strict=False):
+                acc += n
+                buckets.append((floatToGoString(bound), acc))
+            buckets.append(("+Inf", acc + counts[-1]))
+            fam.add_metric([str(g)], buckets, t.sums[g])
+        yield fam
 
 
 def parse_net_dev(text: str) -> tuple[int, int] | None:

@@ -48,6 +48,9 @@ class InfraSettings(BaseSettings):
     # The events stream's byte limit: the consumer outage it rides out (peak requests/s x ~1.5 KB
     # x the outage; llmlab_common.natsio.EVENTS_MAX_BYTES says more). Full: new events refused.
     events_max_bytes: int = Field(default=1024**3, ge=1024**2)
+    # Move what is alive once the app is built (modules, schemas, the app) out of the cyclic
+    # garbage collector's reach (gc.freeze), so a full collection walks only what requests made.
+    gc_freeze: bool = True
 
     @field_validator("namespace")
     @classmethod

@@ -217,3 +217,45 @@ def test_bulk_histogram_renders_what_prometheus_clients_histogram_renders() -> N
     got, want = samples(bulk_m), samples(ref_m)
     assert got.keys() == want.keys()
     assert got == pytest.approx(want)
+
+
+def _gc_pauses(m: Metrics) -> dict[str, tuple[float, float]]:
+    """(count, sum) of the GC pause histogram by generation, from a scrape."""
+    fams = {f.name: f for f in text_string_to_metric_families(m.render()[0].decode())}
+    out: dict[str, list[float]] = {}
+    for s in fams["llmlab_process_gc_pause_seconds"].samples:
+        if s.name.endswith(("_count", "_sum")):
+            out.setdefault(s.labels["generation"], [0.0, 0.0])[s.name.endswith("_sum")] = s.value
+    return {g: (c, t) for g, (c, t) in out.items()}
+
+
+def test_each_garbage_collection_is_timed_by_generation() -> None:
+    """Catches: the GC pause histogram missing from a service's scrape, or a collection counted
+    under the wrong generation or without its time."""
+    import gc
+
+    m = Metrics("llmlab", CollectorRegistry())
+    before = _gc_pauses(m)
+    assert set(before) == {"0", "1", "2"}
+    garbage = [[i] for i in range(20_000)]  # a heap for the full collection to walk
+    gc.collect(2)
+    gc.collect(1)
+    del garbage
+    after = _gc_pauses(m)
+    assert after["2"][0] == before["2"][0] + 1 and after["2"][1] > before["2"][1]
+    assert after["1"][0] >= before["1"][0] + 1
+    assert not check_exposition(m.render()[0].decode())
+
+
+def test_start_up_objects_are_frozen_unless_turned_off() -> None:
+    import gc
+
+    from llmlab_common.runtime import freeze_startup_objects
+    from llmlab_common.settings import InfraSettings
+
+    try:
+        gc.unfreeze()
+        assert freeze_startup_objects(InfraSettings(gc_freeze=False)) == 0
+        assert freeze_startup_objects(InfraSettings(gc_freeze=True)) > 1000  # modules, classes, this test
+    finally:
+        gc.unfreeze()

@@ -8,7 +8,6 @@ its record alone and show why it was made (exit 1 if the recomputation differs o
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 from collections.abc import Sequence
 
@@ -25,7 +24,6 @@ def _tune(settings: RouterSettings) -> None:
     # The decision log's writer thread shares the GIL with the decisions: a short switch
     # interval bounds how long a decision waits for it (CPython's default is 5 ms).
     sys.setswitchinterval(settings.gil_switch_interval_s)
-    gc.freeze()  # start-up objects (catalog, modules) out of the collector's way
 
 
 def main(argv: Sequence[str] | None = None) -> int:
