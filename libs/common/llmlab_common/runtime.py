@@ -207,7 +207,10 @@ def settings_help(settings_cls: type[ServiceSettings]) -> str:
 
 def freeze_startup_objects(infra: InfraSettings) -> int:
     """``gc.freeze()`` unless ``LLMLAB_GC_FREEZE=false``: the objects alive after start-up go to
-    the permanent generation, which no collection walks again. Returns how many are frozen."""
+    the permanent generation, which no collection walks again; ``LLMLAB_GC_YOUNG_THRESHOLD``
+    sets the young generation's threshold. Returns how many objects are frozen."""
+    if infra.gc_young_threshold:
+        gc.set_threshold(infra.gc_young_threshold, *gc.get_threshold()[1:])
     if infra.gc_freeze:
         gc.collect()  # what start-up left as garbage is freed, not frozen
         gc.freeze()

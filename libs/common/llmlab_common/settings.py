@@ -51,6 +51,9 @@ class InfraSettings(BaseSettings):
     # Move what is alive once the app is built (modules, schemas, the app) out of the cyclic
     # garbage collector's reach (gc.freeze), so a full collection walks only what requests made.
     gc_freeze: bool = True
+    # The young generation's collection threshold (allocations less deallocations between two
+    # collections); 0 keeps CPython's (700).
+    gc_young_threshold: int = Field(default=0, ge=0)
 
     @field_validator("namespace")
     @classmethod

@@ -253,9 +253,13 @@ def test_start_up_objects_are_frozen_unless_turned_off() -> None:
     from llmlab_common.runtime import freeze_startup_objects
     from llmlab_common.settings import InfraSettings
 
+    threshold = gc.get_threshold()
     try:
         gc.unfreeze()
         assert freeze_startup_objects(InfraSettings(gc_freeze=False)) == 0
-        assert freeze_startup_objects(InfraSettings(gc_freeze=True)) > 1000  # modules, classes, this test
+        assert gc.get_threshold() == threshold  # 0: CPython's own
+        assert freeze_startup_objects(InfraSettings(gc_freeze=True, gc_young_threshold=5000)) > 1000
+        assert gc.get_threshold() == (5000, *threshold[1:])
     finally:
         gc.unfreeze()
+        gc.set_threshold(*threshold)
