@@ -3,8 +3,8 @@ conventions in one place (``_total`` counters, ``_seconds`` histograms, bounded 
 
 Every :class:`Metrics` registry also carries prometheus_client's process collector (``process_*``),
 :class:`NetworkCollector` (``llmlab_process_network_*_bytes_total``), :class:`HostOomCollector`
-(``llmlab_host_oom_kills_total``) and :class:`GcPauseCollector` (``llmlab_process_gc_pause_seconds``). The label rules of
-``docs/observability.md`` are written here once (:data:`LABEL_ALLOW_LIST`,
+(``llmlab_host_oom_kills_total``) and :class:`GcPauseCollector` (``llmlab_process_gc_pause_seconds``).
+The label rules of ``docs/observability.md`` are written here once (:data:`LABEL_ALLOW_LIST`,
 :data:`MAX_SERIES_PER_FAMILY`) and checked on a scrape by :func:`check_exposition`."""
 
 from __future__ import annotations
