@@ -41,7 +41,7 @@ async def test_explain_latency_splits_a_request_where_its_time_went(stack: Stack
     stack.worker("vllm", "gpu-vllm", url(sim))
     admin = BudgetAdmin(url(stack.budget()))
     stack.router()
-    gw = stack.gateway(auth="budget", router="service")
+    gw = stack.gateway(auth="budget", router="service", env={"LLMLAB_GATEWAY_ROUTE_AHEAD_MAX_ADMITTING": "16"})
     acc = stack.accounting(env={"LLMLAB_ACCOUNTING_FLUSH_INTERVAL_S": "0.2"})
     key = admin.provision("pro").api_key
     loop = asyncio.get_running_loop()

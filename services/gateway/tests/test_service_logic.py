@@ -570,7 +570,7 @@ async def test_a_key_admitted_moments_ago_is_routed_while_its_reserve_is_on_the_
     from llmlab_routing.config import CatalogHolder
 
     d = FakeDispatcher(scripts=[[_started(1), _tok(1, 1, "a"), _end(1, 2)] for _ in range(4)])
-    svc = _service(d, queue_timeout_s=5.0, first_token_timeout_s=5.0)
+    svc = _service(d, queue_timeout_s=5.0, first_token_timeout_s=5.0, route_ahead_max_admitting=16)
     rec = _recording(svc)
     overlapped: list[bool] = []
     refusing = [False]
