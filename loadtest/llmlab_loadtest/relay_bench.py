@@ -1265,11 +1265,12 @@ def _gc_cell(gc_ms: Mapping[str, Mapping[str, float | None]] | None) -> str:
     """``gateway 12.0 (full 3.1), worker ...``; a dash for results older than the figure."""
     if not gc_ms:
         return "—"
-    return ", ".join(f"{svc} {_f1(v.get('all'))} (full {_f1(v.get('full'))})" for svc, v in gc_ms.items())
+    return ", ".join(f"{svc} {_fmt(v.get('all'))} (full {_fmt(v.get('full'))})" for svc, v in gc_ms.items())
 
 
-def _f1(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1f}"
+def _fmt(x: Any, nd: int = 1) -> str:
+    """A figure of the report: ``nd`` decimals, a dash for a missing one."""
+    return "—" if x is None else f"{x:.{nd}f}" if isinstance(x, float | int) else str(x)
 
 
 def _failures(runs: Sequence[Run]) -> dict[str, Any]:
@@ -1718,8 +1719,7 @@ def metadata(cfg: BenchConfig, bench: Bench, started: dt.datetime, duration_s: f
 def render_markdown(doc: dict[str, Any]) -> str:
     meta, comps, targets = doc["metadata"], doc["summary"]["levels"], doc["summary"]["targets"]
 
-    def f(x: Any, nd: int = 1) -> str:
-        return "—" if x is None else f"{x:.{nd}f}" if isinstance(x, float | int) else str(x)
+    f = _fmt
 
     def runs_of(d: dict[str, Any], nd: int = 1) -> str:
         return "[" + ", ".join(f(v, nd) for v in d["runs"]) + "]"

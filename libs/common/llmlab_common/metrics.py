@@ -149,14 +149,18 @@ class BulkHistogram:
         self.sum += times[-1] - times[0]
         self.count += len(times) - 1
 
-    def collect(self) -> Iterable[Metric]:
-        fam = HistogramMetricFamily(self.name, self.doc, labels=self.label_names)
-        acc, buckets = 0, []
+    def cumulative(self) -> list[tuple[str, float]]:
+        """The exposition's ``(le, count)`` buckets, ``+Inf`` last."""
+        acc, buckets = 0, list[tuple[str, float]]()
         for bound, n in zip(self.bounds, self.counts, strict=False):
             acc += n
             buckets.append((floatToGoString(bound), acc))
         buckets.append(("+Inf", self.count))
-        fam.add_metric(self.label_values, buckets, self.sum)
+        return buckets
+
+    def collect(self) -> Iterable[Metric]:
+        fam = HistogramMetricFamily(self.name, self.doc, labels=self.label_names)
+        fam.add_metric(self.label_values, self.cumulative(), self.sum)
         yield fam
 
 
@@ -182,9 +186,8 @@ class _GcTimer:
     _lock = threading.Lock()
 
     def __init__(self) -> None:
-        self.bounds = GC_PAUSE_BUCKETS
-        self.counts = [[0] * (len(self.bounds) + 1) for _ in range(3)]  # the last: above every bound
-        self.sums = [0.0, 0.0, 0.0]
+        # one histogram per generation; their names are unused (GcPauseCollector names the family)
+        self.generations = [BulkHistogram("", "", {"generation": str(g)}, GC_PAUSE_BUCKETS) for g in range(3)]
         self._started = 0.0
 
     @classmethod
@@ -201,9 +204,7 @@ class _GcTimer:
             self._started = time.perf_counter()
             return
         pause = time.perf_counter() - self._started
-        g = min(max(info.get("generation", 0), 0), 2)
-        self.counts[g][bisect.bisect_left(self.bounds, pause)] += 1
-        self.sums[g] += pause
+        self.generations[min(max(info.get("generation", 0), 0), 2)].observe(pause)
 
 
 class GcPauseCollector:
@@ -217,17 +218,11 @@ class GcPauseCollector:
         self.timer = _GcTimer.installed()
 
     def collect(self) -> Iterable[Metric]:
-        t = self.timer
         fam = HistogramMetricFamily(
             self.name, "Collections of the cyclic garbage collector, by generation", labels=["generation"]
         )
-        for g in range(3):
-            counts, acc, buckets = list(t.counts[g]), 0, []
-            for bound, n in zip(t.bounds, counts, strict=False):
-                acc += n
-                buckets.append((floatToGoString(bound), acc))
-            buckets.append(("+Inf", acc + counts[-1]))
-            fam.add_metric([str(g)], buckets, t.sums[g])
+        for h in self.timer.generations:
+            fam.add_metric(h.label_values, h.cumulative(), h.sum)
         yield fam
 
 

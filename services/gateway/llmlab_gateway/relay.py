@@ -85,10 +85,10 @@ async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -
         # (route-ahead; CompletionService.route_ahead), and its request waits for its own.
         parse_s = time.time() - created_at
         t_admit = time.perf_counter()
-        keys = gw.admitted_keys
+        keys, bound = gw.admitted_keys, settings.route_ahead_max_admitting
         # Not in a burst: there the cores are the bottleneck, and overlapping the two round trips
         # made the 1,000-stream burst slower (docs/benchmarks.md).
-        last = keys.get(key_sha) if keys.admitting < settings.route_ahead_max_admitting else None
+        last = keys.get(key_sha) if keys.admitting < bound else None
         ahead = None
         if last is not None:
             ahead = service.route_ahead(CallContext(request_id, endpoint, body, last, created_at, None, hints))
@@ -113,7 +113,8 @@ async def handle_completion(request: Request, gw: Gateway, endpoint: Endpoint) -
         finally:
             keys.admitting -= 1
         principal = admission.principal
-        keys.put(key_sha, principal)
+        if bound:  # off (0): nothing to remember
+            keys.put(key_sha, principal)
         ctx = CallContext(request_id, endpoint, body, principal, created_at, admission.max_tokens, hints)
         ctx.auth_s = time.perf_counter() - t_admit
         ctx.parse_s = parse_s
