@@ -28,7 +28,7 @@ from llmlab_common.messages import (
     token_chunk_json,
 )
 
-from llmlab_worker.engine import EngineEvent, EngineRequestError
+from llmlab_worker.engine import EngineEvent, EngineRequestError, PushRelay
 from llmlab_worker.stats import AttemptClock
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,8 @@ class AttemptContext:
     coalesce_s: float
     publish: Publish
     stream: Callable[[InferenceRequest], AsyncIterator[EngineEvent]]
+    # The same events pushed to a callback as they are read, where the adapter can (preferred).
+    relay: PushRelay | None = None
     # The engine's windowed mean queue time, for engines that do not report it per request.
     engine_queue_estimate: Callable[[], float | None] | None = None
     # An engine that sends nothing for this long after the first token has stalled (0: never).
@@ -341,36 +343,54 @@ async def _generate(
     return usage, reason
 
 
+class _Take:
+    """The engine's events into the coalescer, one call per event (from the stream's loop, or
+    pushed from the connection's reads): the clock's tokens and times, and the usage and finish
+    reason when the engine sends them."""
+
+    __slots__ = ("activity", "clock", "coalescer", "finish", "held", "usage")
+
+    def __init__(self, clock: AttemptClock, coalescer: Coalescer, activity: EngineActivity) -> None:
+        self.clock, self.coalescer, self.activity = clock, coalescer, activity
+        self.held = 0  # tokens of chunks without text yet (a partial character): they come with the next
+        self.usage: Usage | None = None
+        self.finish: str | None = None
+
+    def __call__(self, ev: EngineEvent) -> None:
+        if ev.text or ev.tool_calls:
+            n, self.held = ev.tokens + self.held, 0
+            clock = self.clock
+            clock.token_times.append(ev.at)
+            self.activity.last_output_at = ev.at
+            clock.tokens += n
+            self.coalescer.add(ev.text, ev.tool_calls, ev.at, n)
+        elif ev.engine_counted and ev.finish_reason is None:
+            self.held += ev.tokens
+        if ev.engine_queue_s is not None:
+            self.clock.engine_queue_s, self.clock.engine_queue_method = ev.engine_queue_s, "engine"
+        if ev.finish_reason:
+            self.finish = ev.finish_reason
+        if ev.usage is not None:
+            self.usage = ev.usage
+
+
 async def _relay(
     ctx: AttemptContext, req: InferenceRequest, clock: AttemptClock, coalescer: Coalescer
 ) -> tuple[Usage | None, str | None]:
     """The engine's stream into the coalescer; its usage and finish reason when it sent them."""
-    usage: Usage | None = None
-    finish: str | None = None
+    take = _Take(clock, coalescer, ctx.activity)
+    if ctx.relay is not None:
+        await ctx.relay(req, take)
+        return take.usage, take.finish
     stream = ctx.stream(req)
-    held = 0  # tokens of chunks without text yet (a partial character): they come with the next
-    activity = ctx.activity
     try:
         async for ev in stream:
-            if ev.text or ev.tool_calls:
-                n, held = ev.tokens + held, 0
-                clock.token_times.append(ev.at)
-                activity.last_output_at = ev.at
-                clock.tokens += n
-                coalescer.add(ev.text, ev.tool_calls, ev.at, n)
-            elif ev.engine_counted and ev.finish_reason is None:
-                held += ev.tokens
-            if ev.engine_queue_s is not None:
-                clock.engine_queue_s, clock.engine_queue_method = ev.engine_queue_s, "engine"
-            if ev.finish_reason:
-                finish = ev.finish_reason
-            if ev.usage is not None:
-                usage = ev.usage
+            take(ev)
     finally:
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:
             await aclose()
-    return usage, finish
+    return take.usage, take.finish
 
 
 def _publish(ctx: AttemptContext, req: InferenceRequest, message: StreamStarted | StreamEnd | StreamError) -> None:

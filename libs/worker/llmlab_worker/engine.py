@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -23,7 +23,7 @@ from llmlab_common.messages import EngineLoad, InferenceRequest, Usage
 from llmlab_common.metrics import parse_prometheus_text
 from prometheus_client.registry import Collector
 
-from llmlab_worker.http1 import EngineHTTP, EngineHTTPError
+from llmlab_worker.http1 import EngineHTTP, EngineHTTPError, EngineResponse
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,68 @@ class EngineEvent:
     engine_queue_s: float | None = None
 
 
-# What _line_event returns for the engine's "data: [DONE]": the stream is over.
+# What SSELines.event returns for the engine's "data: [DONE]": the stream is over.
 _DONE = EngineEvent(at=-1.0)
+
+# Runs a request, handing each event to the callback as it is parsed; returns at the stream's end.
+PushRelay = Callable[[InferenceRequest, Callable[[EngineEvent], None]], Awaitable[None]]
+
+
+class SSELines:
+    """An OpenAI-compatible engine's SSE body, split into lines as it arrives (we split it
+    ourselves: an SSE event is two lines), each line's event handed to ``emit``."""
+
+    __slots__ = ("chat", "counted", "done", "emit", "parse", "rest")
+
+    def __init__(
+        self,
+        chat: bool,
+        emit: Callable[[EngineEvent], None],
+        parse: Callable[[dict[str, Any], float, bool], EngineEvent | None],
+    ) -> None:
+        self.chat, self.emit, self.parse = chat, emit, parse
+        self.rest = b""  # a line not complete yet
+        self.counted = 0  # completion tokens of the running usage so far
+        self.done = False  # "data: [DONE]" seen
+
+    def feed(self, part: bytes) -> bool:
+        """Take what arrived; True once the stream's end was seen (nothing after it is read)."""
+        if b"\n" not in part:
+            self.rest += part
+            return False
+        *lines, self.rest = (self.rest + part).split(b"\n")
+        for raw in lines:
+            event = self.event(raw)
+            if event is _DONE:
+                self.done = True
+                return True
+            if event is not None:
+                self.emit(event)
+        return False
+
+    def end(self) -> None:
+        """The body ended: a last line without its newline, if any."""
+        if not self.done:
+            event = self.event(self.rest)
+            if event is not None and event is not _DONE:
+                self.emit(event)
+
+    def event(self, raw: bytes) -> EngineEvent | None:
+        """One line's event, None (nothing to pass on), or ``_DONE``."""
+        if not raw.startswith(b"data:"):
+            return None
+        data = raw[5:].strip()
+        if data == b"[DONE]":
+            return _DONE
+        obj = orjson.loads(data)
+        event = self.parse(obj, time.monotonic(), self.chat)
+        if event is not None:
+            running = (obj.get("usage") or {}).get("completion_tokens")
+            if running is not None:
+                event.engine_counted = True
+                event.tokens = max(0, running - self.counted)
+                self.counted = max(self.counted, running)
+        return event
 
 
 class EngineAdapter(Protocol):
@@ -242,61 +302,59 @@ class OpenAIEngineAdapter:
     def path_for(self, req: InferenceRequest) -> str:
         return "/v1/chat/completions" if req.endpoint == "chat" else "/v1/completions"
 
-    async def stream(self, req: InferenceRequest) -> AsyncGenerator[EngineEvent, None]:
-        """Yield parsed chunks; closing the iterator closes the HTTP stream, which aborts the
-        request inside the engine (both vLLM and SGLang abort on client disconnect)."""
+    async def _open(self, req: InferenceRequest) -> EngineResponse:
+        """The engine's answer to the request once its head is in, a 200 (else raised)."""
         if self._http is None:
             raise RuntimeError("adapter not started")
         try:
             resp = await self._http.post(self.path_for(req), wire.dumps(self.build_body(req)))
         except EngineHTTPError as exc:
             raise EngineRequestError(0, f"engine unreachable: {exc}") from exc
-        async with resp:
-            if resp.status != 200:
+        if resp.status != 200:
+            async with resp:
                 try:
                     text = (await resp.read()).decode("utf-8", "replace")
                 except EngineHTTPError as exc:
                     text = str(exc)
-                raise EngineRequestError(resp.status, _engine_error_message(text))
-            counted = [0]  # completion tokens of the running usage so far
-            chat = req.endpoint == "chat"
-            rest = b""  # a line not complete yet
+            raise EngineRequestError(resp.status, _engine_error_message(text))
+        return resp
+
+    async def stream(self, req: InferenceRequest) -> AsyncGenerator[EngineEvent, None]:
+        """Yield parsed chunks; closing the iterator closes the HTTP stream, which aborts the
+        request inside the engine (both vLLM and SGLang abort on client disconnect)."""
+        async with await self._open(req) as resp:
+            events: list[EngineEvent] = []
+            lines = SSELines(req.endpoint == "chat", events.append, self.parse_chunk)
             try:
-                # Read what arrived and split it ourselves: one await per network read, where the
-                # body's line iterator costs one per line (and an SSE event is two lines).
+                # One await per network read, where the body's line iterator costs one per line.
                 async for part in resp.iter_chunks():
-                    if b"\n" not in part:
-                        rest += part
-                        continue
-                    *lines, rest = (rest + part).split(b"\n")
-                    for raw in lines:
-                        event = self._line_event(raw, chat, counted)
-                        if event is _DONE:
-                            return
-                        if event is not None:
-                            yield event
-                event = self._line_event(rest, chat, counted)  # a last line without its newline
-                if event is not None and event is not _DONE:
+                    done = lines.feed(part)
+                    for event in events:
+                        yield event
+                    events.clear()
+                    if done:
+                        return
+                lines.end()
+                for event in events:
                     yield event
             except EngineHTTPError as exc:
                 raise EngineRequestError(0, f"engine stream broke: {exc}") from exc
 
-    def _line_event(self, raw: bytes, chat: bool, counted: list[int]) -> EngineEvent | None:
-        """One line of the engine's SSE body: its event, None (nothing to pass on), or ``_DONE``."""
-        if not raw.startswith(b"data:"):
-            return None
-        data = raw[5:].strip()
-        if data == b"[DONE]":
-            return _DONE
-        obj = orjson.loads(data)
-        event = self.parse_chunk(obj, time.monotonic(), chat)
-        if event is not None:
-            running = (obj.get("usage") or {}).get("completion_tokens")
-            if running is not None:
-                event.engine_counted = True
-                event.tokens = max(0, running - counted[0])
-                counted[0] = max(counted[0], running)
-        return event
+    def push_relay(self) -> PushRelay | None:
+        """:meth:`relay`, unless a subclass reshapes :meth:`stream` (its events must go through it)."""
+        return self.relay if type(self).stream is OpenAIEngineAdapter.stream else None
+
+    async def relay(self, req: InferenceRequest, sink: Callable[[EngineEvent], None]) -> None:
+        """:meth:`stream`'s events handed to ``sink`` from the connection's reads, returning at the
+        stream's end: no task wake-up per chunk (see :meth:`EngineResponse.push_chunks`).
+        Cancelling it closes the HTTP stream as closing :meth:`stream` does."""
+        async with await self._open(req) as resp:
+            lines = SSELines(req.endpoint == "chat", sink, self.parse_chunk)
+            try:
+                await resp.push_chunks(lines.feed)
+            except EngineHTTPError as exc:
+                raise EngineRequestError(0, f"engine stream broke: {exc}") from exc
+            lines.end()
 
     @staticmethod
     def parse_chunk(obj: dict[str, Any], at: float, chat: bool) -> EngineEvent | None:

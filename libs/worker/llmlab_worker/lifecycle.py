@@ -38,7 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from pydantic import ValidationError
 
 from llmlab_worker.attempt import AttemptContext, AttemptResult, run_attempt
-from llmlab_worker.engine import EngineAdapter
+from llmlab_worker.engine import EngineAdapter, PushRelay
 from llmlab_worker.outbox import Outbox
 from llmlab_worker.pull import Capacity, PullFeeder
 from llmlab_worker.settings import WorkerSettings
@@ -238,6 +238,7 @@ class Worker:
             coalesce_s=settings.coalesce_ms / 1000.0,
             publish=self.publish_nowait,
             stream=adapter.stream,
+            relay=_push_relay(adapter) if settings.push_relay else None,
             engine_queue_estimate=lambda: self._load.mean_queue_time_s,
             stall_timeout_s=settings.engine_stall_timeout_s,
             engine_lost=lambda: not self.engine_ready,
@@ -701,6 +702,12 @@ class Worker:
                 r.last_progress = now
                 with contextlib.suppress(Exception):
                     await r.msg.in_progress()
+
+
+def _push_relay(adapter: EngineAdapter) -> PushRelay | None:
+    """The adapter's push path where it has one (the OpenAI-compatible HTTP adapters)."""
+    push = getattr(adapter, "push_relay", None)
+    return push() if push is not None else None
 
 
 def _known(counts: Sequence[int | None]) -> list[int] | None:

@@ -48,6 +48,9 @@ class WorkerSettings(ScalableSettings):
     publish_batch_ms: float = Field(default=2.0, ge=0)
     # Messages of one drain bound for the same gateway leave as one NATS message (a batch).
     gateway_batches: bool = True
+    # Engine chunks handed to the attempt from the connection's read callback (an OpenAI-compatible
+    # engine over HTTP) instead of waking the attempt's task per chunk; false: the iterator path.
+    push_relay: bool = True
     engine_connect_timeout_s: float = 5.0
     engine_fail_threshold: int = Field(default=3, ge=1)  # failed health checks before unready
     # An engine that sends nothing for this long after an attempt's first token has stalled: the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -247,3 +248,141 @@ def test_the_client_runs_on_uvloop_as_the_worker_does() -> None:
 def test_only_http_urls_are_taken() -> None:
     with pytest.raises(ValueError):
         EngineHTTP("unix:///tmp/engine.sock")
+
+
+# -- push mode (EngineResponse.push_chunks): the body handed over from the read callback --------
+
+
+def _keep(got: list[bytes]) -> Callable[[bytes], bool]:
+    """A feed that keeps every part and never sees an end."""
+
+    def feed(part: bytes) -> bool:
+        got.append(part)
+        return False
+
+    return feed
+
+
+async def test_pushed_bytes_arrive_whole_in_order_and_the_connection_is_reused() -> None:
+    parts = [b"tok %d " % i for i in range(50)]
+
+    async def paced(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while await _read_request(reader) is not None:
+            writer.write(STREAM_HEAD + _chunk(parts[0]))  # the first part with the head
+            for p in parts[1:]:
+                await asyncio.sleep(0.002)
+                writer.write(_chunk(p))
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+
+    async with _server(paced) as (url, _):
+        client = EngineHTTP(url)
+        try:
+            for _ in range(2):
+                got: list[bytes] = []
+                async with await client.post("/x", b"{}") as resp:
+                    await resp.push_chunks(_keep(got))
+                assert b"".join(got) == b"".join(parts)
+                assert len(got) > 1  # pushed as they came, not gathered at the end
+        finally:
+            await client.close()
+    assert client.connects == 1
+
+
+async def test_a_feed_that_saw_the_end_returns_and_leaving_closes_the_connection() -> None:
+    gone = asyncio.Event()
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await _read_request(reader)
+        writer.write(STREAM_HEAD)
+        try:
+            for i in range(1000):
+                writer.write(_chunk(b"tok %d " % i))
+                await writer.drain()
+                await asyncio.sleep(0.01)
+        except ConnectionError:
+            gone.set()
+
+    async with _server(endless) as (url, _):
+        client = EngineHTTP(url)
+        try:
+            got: list[bytes] = []
+            async with await client.post("/x", b"{}") as resp:
+                await asyncio.wait_for(resp.push_chunks(lambda b: got.append(b) is None and len(got) == 3), 5)
+            assert len(got) == 3 and got[0].startswith(b"tok 0")
+            await asyncio.wait_for(gone.wait(), 5)  # the engine saw its client go
+        finally:
+            await client.close()
+
+
+async def test_what_the_feed_raises_comes_out_of_push_and_the_connection_is_not_pooled() -> None:
+    async with _server(_echo_keepalive) as (url, _):
+        client = EngineHTTP(url)
+
+        def feed(b: bytes) -> bool:
+            raise ValueError("bad chunk")
+
+        try:
+            async with await client.post("/x", b"{}") as resp:
+                with pytest.raises(ValueError, match="bad chunk"):
+                    await resp.push_chunks(feed)
+            async with await client.post("/x", b"next") as resp:
+                assert (await resp.read()).endswith(b"next")
+        finally:
+            await client.close()
+
+
+async def test_a_connection_lost_mid_push_is_a_broken_stream_after_what_came() -> None:
+    async def half(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await _read_request(reader)
+        writer.write(STREAM_HEAD + _chunk(b"first"))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(_chunk(b"second"))
+        await writer.drain()
+
+    async with _server(half) as (url, _):
+        client = EngineHTTP(url)
+        try:
+            got: list[bytes] = []
+            async with await client.post("/x", b"{}") as resp:
+                with pytest.raises(EngineStreamBroken):
+                    await resp.push_chunks(_keep(got))
+            assert b"".join(got) == b"firstsecond"
+        finally:
+            await client.close()
+
+
+async def test_cancelled_while_pushing_closes_the_connection_and_stops_the_feed() -> None:
+    got: list[bytes] = []
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await _read_request(reader)
+        writer.write(STREAM_HEAD)
+        with contextlib.suppress(ConnectionError):
+            for i in range(1000):
+                writer.write(_chunk(b"tok %d " % i))
+                await writer.drain()
+                await asyncio.sleep(0.01)
+
+    async with _server(endless) as (url, ended):
+        client = EngineHTTP(url)
+
+        async def run() -> None:
+            async with await client.post("/x", b"{}") as resp:
+                await resp.push_chunks(_keep(got))
+
+        task = asyncio.create_task(run())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        seen = len(got)
+        for _ in range(100):
+            if ended:
+                break
+            await asyncio.sleep(0.02)
+        assert ended == [1]
+        await asyncio.sleep(0.05)
+        assert seen > 0 and len(got) == seen  # nothing fed after the cancel
+        await client.close()

@@ -8,7 +8,7 @@ import pytest
 from llmlab_common.messages import InferenceRequest, Resume, SamplingParams, TokenChunk
 from llmlab_common.stats import quantile
 from llmlab_worker.attempt import Coalescer
-from llmlab_worker.engine import OpenAIEngineAdapter
+from llmlab_worker.engine import EngineEvent, OpenAIEngineAdapter
 from llmlab_worker.outbox import Outbox
 from llmlab_worker.stats import AttemptClock
 from llmlab_worker_sglang.adapter import SglangAdapter
@@ -316,10 +316,12 @@ def _sse_body(texts: list[str], done: bool) -> bytes:
 
 @pytest.mark.parametrize("piece", [1, 7, 64, 1 << 16])
 @pytest.mark.parametrize("ending", ["done", "done-without-newline", "no-done"])
-async def test_the_engine_stream_is_read_whatever_the_network_pieces(piece: int, ending: str) -> None:
+@pytest.mark.parametrize("mode", ["iterator", "push"])
+async def test_the_engine_stream_is_read_whatever_the_network_pieces(piece: int, ending: str, mode: str) -> None:
     """The adapter splits the body into lines itself: an event cut anywhere (inside 'data:', its
     JSON, between the two newlines) arrives whole, once, in order, with its tokens counted from
-    the running usage; a last line without its newline still counts; [DONE] ends the stream."""
+    the running usage; a last line without its newline still counts; [DONE] ends the stream.
+    The same through stream() and through relay(), which pushes each event from the reads."""
     from aiohttp import web
 
     texts = ["Hel", "lo, ", "wörld", ' "quoted"']
@@ -344,8 +346,14 @@ async def test_the_engine_stream_is_read_whatever_the_network_pieces(piece: int,
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     adapter = OpenAIEngineAdapter(f"http://127.0.0.1:{port}", 4)
     await adapter.start()
+    events: list[EngineEvent] = []
     try:
-        events = [ev async for ev in adapter.stream(_req())]
+        if mode == "push":
+            relay = adapter.push_relay()
+            assert relay is not None
+            await relay(_req(), events.append)
+        else:
+            events = [ev async for ev in adapter.stream(_req())]
     finally:
         await adapter.close()
         await runner.cleanup()
