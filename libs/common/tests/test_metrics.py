@@ -256,10 +256,13 @@ def test_start_up_objects_are_frozen_unless_turned_off() -> None:
     threshold = gc.get_threshold()
     try:
         gc.unfreeze()
-        assert freeze_startup_objects(InfraSettings(gc_freeze=False)) == 0
+        assert freeze_startup_objects(InfraSettings(gc_freeze=False, gc_young_threshold=0)) == 0
         assert gc.get_threshold() == threshold  # 0: CPython's own
         assert freeze_startup_objects(InfraSettings(gc_freeze=True, gc_young_threshold=5000)) > 1000
         assert gc.get_threshold() == (5000, *threshold[1:])
+        gc.unfreeze()
+        freeze_startup_objects(InfraSettings())
+        assert gc.get_threshold() == (50_000, *threshold[1:])  # the default: a burst's collections
     finally:
         gc.unfreeze()
         gc.set_threshold(*threshold)
