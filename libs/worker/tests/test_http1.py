@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -62,6 +61,26 @@ async def _echo_keepalive(reader: asyncio.StreamReader, writer: asyncio.StreamWr
         await writer.drain()
 
 
+def _endless(gone: asyncio.Event) -> Handler:
+    """A server whose first connection streams a token every 10 ms until its client leaves (then
+    ``gone`` is set); later connections echo, keep-alive."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        if n > 1:
+            return await _echo_keepalive(reader, writer, n)
+        await _read_request(reader)
+        writer.write(STREAM_HEAD)
+        try:
+            for i in range(1000):
+                writer.write(_chunk(b"tok %d " % i))
+                await writer.drain()
+                await asyncio.sleep(0.01)
+        except ConnectionError:
+            gone.set()
+
+    return handler
+
+
 async def test_a_finished_exchange_leaves_its_connection_for_the_next_request() -> None:
     async with _server(_echo_keepalive) as (url, _):
         client = EngineHTTP(url)
@@ -107,21 +126,7 @@ async def test_leaving_a_response_before_its_end_closes_the_connection() -> None
     """The engine aborts a request when its client goes: a left stream is never pooled (its
     next bytes would be read as the next request's answer), and the engine sees the close."""
     gone = asyncio.Event()
-
-    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-        if n > 1:
-            return await _echo_keepalive(reader, writer, n)
-        await _read_request(reader)
-        writer.write(STREAM_HEAD)
-        try:
-            for i in range(1000):
-                writer.write(_chunk(b"tok %d " % i))
-                await writer.drain()
-                await asyncio.sleep(0.01)
-        except ConnectionError:
-            gone.set()
-
-    async with _server(endless) as (url, _):
+    async with _server(_endless(gone)) as (url, _):
         client = EngineHTTP(url)
         try:
             async with await client.post("/x", b"{}") as resp:
@@ -291,19 +296,7 @@ async def test_pushed_bytes_arrive_whole_in_order_and_the_connection_is_reused()
 
 async def test_a_feed_that_saw_the_end_returns_and_leaving_closes_the_connection() -> None:
     gone = asyncio.Event()
-
-    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-        await _read_request(reader)
-        writer.write(STREAM_HEAD)
-        try:
-            for i in range(1000):
-                writer.write(_chunk(b"tok %d " % i))
-                await writer.drain()
-                await asyncio.sleep(0.01)
-        except ConnectionError:
-            gone.set()
-
-    async with _server(endless) as (url, _):
+    async with _server(_endless(gone)) as (url, _):
         client = EngineHTTP(url)
         try:
             got: list[bytes] = []
@@ -355,17 +348,7 @@ async def test_a_connection_lost_mid_push_is_a_broken_stream_after_what_came() -
 
 async def test_cancelled_while_pushing_closes_the_connection_and_stops_the_feed() -> None:
     got: list[bytes] = []
-
-    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-        await _read_request(reader)
-        writer.write(STREAM_HEAD)
-        with contextlib.suppress(ConnectionError):
-            for i in range(1000):
-                writer.write(_chunk(b"tok %d " % i))
-                await writer.drain()
-                await asyncio.sleep(0.01)
-
-    async with _server(endless) as (url, ended):
+    async with _server(_endless(asyncio.Event())) as (url, ended):
         client = EngineHTTP(url)
 
         async def run() -> None:
